@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs every build, run and test dependency of apiary from Debian's apt.
+# Idempotent: packages already present are left alone, and apt is only asked
+# when something is missing.
+set -euo pipefail
+
+packages=(
+    # build
+    build-essential cmake ninja-build pkg-config
+    # libraries linked by apiary
+    libdnnl-dev libopenmpi-dev openmpi-bin
+    libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
+    libfmt-dev libspdlog-dev libzstd-dev libxxhash-dev
+    prometheus-cpp-dev libcurl4-openssl-dev
+    # tests and benchmarks
+    libgtest-dev libgmock-dev libbenchmark-dev
+    python3 python3-numpy python3-torch
+    # the default corpus: the King James Bible, dumped by `bible`
+    bible-kjv bible-kjv-text
+)
+
+missing=()
+for p in "${packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$p")
+    fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+    echo "install-deps: all ${#packages[@]} packages present"
+    exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+sudo_cmd=()
+[ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,64 @@
+// apiary: one executable, one verb per file (see command.h).
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <utility>
+#include <vector>
+
+#include "cli/command.h"
+#include "core/error.h"
+
+namespace apiary::cli {
+
+namespace {
+
+std::vector<std::pair<std::string, CommandSetup>>& registry() {
+    static std::vector<std::pair<std::string, CommandSetup>> r;
+    return r;
+}
+
+std::function<void(int)>& abort_hook() {
+    static std::function<void(int)> hook;
+    return hook;
+}
+
+}  // namespace
+
+CommandRegistrar::CommandRegistrar(const char* name, CommandSetup setup) {
+    registry().emplace_back(name, setup);
+}
+
+void set_abort_hook(std::function<void(int)> hook) { abort_hook() = std::move(hook); }
+
+}  // namespace apiary::cli
+
+int main(int argc, char** argv) {
+    using namespace apiary;
+    CLI::App app{"apiary: train transformer language models, and plan their runs"};
+    app.require_subcommand(1);
+    app.set_version_flag("--version", "apiary 0.1.0");
+    auto& commands = cli::registry();
+    std::sort(commands.begin(), commands.end());
+    for (const auto& [name, setup] : commands) setup(app);
+
+    int code = 0;
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        code = app.exit(e);
+        // CLI11 uses 0 for --help; anything else is a usage error.
+        if (code != 0) code = 2;
+    } catch (const Error& e) {
+        std::fflush(stdout);
+        fmt::print(stderr, "apiary: error: {}\n", e.what());
+        code = 1;
+    } catch (const std::exception& e) {
+        std::fflush(stdout);
+        fmt::print(stderr, "apiary: internal error: {}\n", e.what());
+        code = 3;
+    }
+    if (code != 0 && cli::abort_hook()) cli::abort_hook()(code);
+    return code;
+}

@@ -1,0 +1,154 @@
+#include "core/model_spec.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <map>
+
+#include "core/error.h"
+
+namespace apiary::core {
+
+const char* arch_name(Arch arch) { return arch == Arch::gpt2 ? "gpt2" : "llama"; }
+
+Arch parse_arch(const std::string& name) {
+    if (name == "gpt2") return Arch::gpt2;
+    if (name == "llama") return Arch::llama;
+    throw ConfigError(fmt::format("model.arch: unknown architecture '{}' (known: gpt2, llama)",
+                                  name));
+}
+
+int ModelSpec::ffn_dim() const {
+    if (ffn_hidden > 0) return ffn_hidden;
+    if (arch == Arch::gpt2) return 4 * n_embd;
+    // LLaMA: 2/3 of 4C, rounded up to a multiple of 256 (Touvron et al. 2023).
+    const int raw = 8 * n_embd / 3;
+    return (raw + 255) / 256 * 256;
+}
+
+int64_t ModelSpec::num_matmul_params() const {
+    const int64_t C = n_embd, F = ffn_dim(), V = vocab_size, L = n_layer, KV = kv_dim();
+    int64_t per_layer = 0;
+    if (arch == Arch::gpt2) {
+        per_layer = C * 3 * C + C * C + C * F + F * C;
+    } else {
+        per_layer = C * C + 2 * C * KV + C * C + 3 * C * F;
+    }
+    return L * per_layer + V * C;  // the LM head is a matmul, tied or not
+}
+
+int64_t ModelSpec::num_params() const {
+    const int64_t C = n_embd, F = ffn_dim(), V = vocab_size, L = n_layer, KV = kv_dim();
+    if (arch == Arch::gpt2) {
+        const int64_t per_layer = 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C +
+                                  (C * F + F) + (F * C + C);
+        const int64_t head = tie_embeddings ? 0 : V * C;
+        return V * C + int64_t(max_seq_len) * C + L * per_layer + 2 * C + head;
+    }
+    const int64_t per_layer = C + C * C + 2 * C * KV + C * C + C + 3 * C * F;
+    const int64_t head = tie_embeddings ? 0 : V * C;
+    return V * C + L * per_layer + C + head;
+}
+
+double ModelSpec::train_flops_per_token(int seq_len) const {
+    const double attn = 12.0 * n_layer * double(seq_len) * n_embd;
+    return 6.0 * double(num_matmul_params()) + attn;
+}
+
+void ModelSpec::validate() const {
+    auto fail = [](const std::string& m) { throw ConfigError(m); };
+    if (n_layer < 1) fail(fmt::format("model.n_layer = {}: must be at least 1", n_layer));
+    if (n_embd < 1) fail(fmt::format("model.n_embd = {}: must be at least 1", n_embd));
+    if (n_head < 1) fail(fmt::format("model.n_head = {}: must be at least 1", n_head));
+    if (n_embd % n_head != 0)
+        fail(fmt::format("model.n_head = {} does not divide model.n_embd = {}", n_head, n_embd));
+    if (n_kv_head < 1 || n_head % n_kv_head != 0)
+        fail(fmt::format("model.n_kv_head = {} must divide model.n_head = {}", n_kv_head, n_head));
+    if (arch == Arch::gpt2 && n_kv_head != n_head)
+        fail(fmt::format("model.n_kv_head = {} but gpt2 has no grouped-query attention: "
+                         "set it to model.n_head = {}",
+                         n_kv_head, n_head));
+    if (arch == Arch::llama && head_size() % 2 != 0)
+        fail(fmt::format("model.n_embd / model.n_head = {} must be even for RoPE", head_size()));
+    if (vocab_size < 2) fail(fmt::format("model.vocab_size = {}: must be at least 2", vocab_size));
+    if (max_seq_len < 1)
+        fail(fmt::format("model.max_seq_len = {}: must be at least 1", max_seq_len));
+    if (ffn_hidden < 0) fail(fmt::format("model.ffn_hidden = {}: must be >= 0", ffn_hidden));
+    if (!(norm_eps > 0)) fail(fmt::format("model.norm_eps = {}: must be > 0", norm_eps));
+}
+
+namespace {
+
+ModelSpec gpt2(int L, int C, int NH, int V = 50257, int T = 1024) {
+    ModelSpec s;
+    s.arch = Arch::gpt2;
+    s.n_layer = L, s.n_embd = C, s.n_head = NH, s.n_kv_head = NH;
+    s.vocab_size = V, s.max_seq_len = T;
+    s.tie_embeddings = true;
+    return s;
+}
+
+ModelSpec llama(int L, int C, int NH, int KV, int F, int V, int T, float theta = 10000.0f,
+                float eps = 1e-5f) {
+    ModelSpec s;
+    s.arch = Arch::llama;
+    s.n_layer = L, s.n_embd = C, s.n_head = NH, s.n_kv_head = KV, s.ffn_hidden = F;
+    s.vocab_size = V, s.max_seq_len = T;
+    s.tie_embeddings = false;
+    s.rope_theta = theta;
+    s.norm_eps = eps;
+    return s;
+}
+
+const std::map<std::string, ModelSpec>& presets() {
+    static const std::map<std::string, ModelSpec> table = [] {
+        std::map<std::string, ModelSpec> t;
+        // The default main job: a byte-level GPT that trains in minutes on 2 cores.
+        t["tiny"] = gpt2(4, 192, 6, 256, 256);
+        t["tiny-llama"] = llama(4, 192, 6, 2, 512, 256, 256);
+        // GPT-2 (Radford et al. 2019), Hugging Face configs.
+        t["gpt2-124m"] = gpt2(12, 768, 12);
+        t["gpt2-350m"] = gpt2(24, 1024, 16);
+        t["gpt2-774m"] = gpt2(36, 1280, 20);
+        t["gpt2-1558m"] = gpt2(48, 1600, 25);
+        // GPT-3 (Brown et al. 2020, Table 2.1), context 2048.
+        t["gpt3-125m"] = gpt2(12, 768, 12, 50257, 2048);
+        t["gpt3-1.3b"] = gpt2(24, 2048, 16, 50257, 2048);
+        t["gpt3-2.7b"] = gpt2(32, 2560, 32, 50257, 2048);
+        t["gpt3-6.7b"] = gpt2(32, 4096, 32, 50257, 2048);
+        t["gpt3-13b"] = gpt2(40, 5120, 40, 50257, 2048);
+        t["gpt3-175b"] = gpt2(96, 12288, 96, 50257, 2048);
+        // LLaMA 60M as in the GaLore paper (Zhao et al. 2024, Table 9).
+        t["llama-60m"] = llama(8, 512, 8, 8, 1376, 32000, 256);
+        // LLaMA 2 (Touvron et al. 2023) and LLaMA 3 (Meta 2024) model cards.
+        t["llama2-7b"] = llama(32, 4096, 32, 32, 11008, 32000, 4096);
+        t["llama2-13b"] = llama(40, 5120, 40, 40, 13824, 32000, 4096);
+        t["llama2-70b"] = llama(80, 8192, 64, 8, 28672, 32000, 4096);
+        t["llama3-8b"] = llama(32, 4096, 32, 8, 14336, 128256, 8192, 500000.0f);
+        t["llama3-70b"] = llama(80, 8192, 64, 8, 28672, 128256, 8192, 500000.0f);
+        t["llama3-405b"] = llama(126, 16384, 128, 8, 53248, 128256, 8192, 500000.0f);
+        return t;
+    }();
+    return table;
+}
+
+}  // namespace
+
+const ModelSpec* find_preset(const std::string& name) {
+    auto it = presets().find(name);
+    return it == presets().end() ? nullptr : &it->second;
+}
+
+const ModelSpec& preset(const std::string& name) {
+    if (const ModelSpec* s = find_preset(name)) return *s;
+    throw ConfigError(fmt::format("model.preset: unknown preset '{}' (known: {})", name,
+                                  fmt::join(preset_names(), ", ")));
+}
+
+std::vector<std::string> preset_names() {
+    std::vector<std::string> names;
+    for (const auto& [name, spec] : presets()) names.push_back(name);
+    return names;
+}
+
+}  // namespace apiary::core

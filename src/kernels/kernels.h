@@ -1,0 +1,124 @@
+#pragma once
+// The one dispatch header for compute kernels. Today every kernel runs on the
+// CPU (kernels/cpu/); a CUDA backend will implement the same signatures.
+//
+// Shape letters: B batch, T sequence, C channels, V vocabulary, NH heads,
+// KVH key/value heads, HS head size, F MLP hidden width, N = B*T rows.
+// Conventions: row-major, contiguous unless a stride is given; a backward
+// kernel ACCUMULATES (+=) into parameter gradients (so micro-steps add up)
+// and WRITES input gradients unless its comment says otherwise.
+
+#include <cstdint>
+
+namespace apiary::kernels {
+
+// ---- matrix multiply (oneDNN) ----
+
+// C (M, N) = op(A) (M, K) * op(B) (K, N) + beta * C; row-major with leading
+// dimensions; op is a transpose when the flag is set.
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+// A linear layer as in torch.nn.Linear: y = x W^T + b.
+//   x (N, IN), weight (OUT, IN), bias (OUT) or null, y (N, OUT)
+void linear_forward(float* y, const float* x, const float* weight, const float* bias, int64_t N,
+                    int64_t IN, int64_t OUT);
+// dx (N, IN) = dy W (written, or added when accumulate_dx); dweight (OUT, IN)
+// += dy^T x; dbias (OUT) += column sums of dy. dx may be null.
+void linear_backward(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
+                     const float* weight, int64_t N, int64_t IN, int64_t OUT,
+                     bool accumulate_dx = false);
+
+// ---- embeddings ----
+
+// out (B, T, C) = wte[tokens] (+ wpe[t] when wpe is non-null)
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int64_t B, int64_t T, int64_t C);
+// dwte (V, C) += scatter of dout; dwpe (maxT, C) += sum over batch (if non-null)
+void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                        int64_t B, int64_t T, int64_t C);
+
+// ---- normalisation ----
+
+// LayerNorm over the last dim: out (N, C), mean (N), rstd (N) saved for backward.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* weight,
+                       const float* bias, int64_t N, int64_t C, float eps);
+// dx (N, C) += ...  (accumulates: the residual stream adds gradients)
+void layernorm_backward(float* dx, float* dweight, float* dbias, const float* dout,
+                        const float* x, const float* weight, const float* mean, const float* rstd,
+                        int64_t N, int64_t C);
+// RMSNorm: out = x * rstd * weight; rstd (N) saved.
+void rmsnorm_forward(float* out, float* rstd, const float* x, const float* weight, int64_t N,
+                     int64_t C, float eps);
+// dx (N, C) += ... (accumulates)
+void rmsnorm_backward(float* dx, float* dweight, const float* dout, const float* x,
+                      const float* weight, const float* rstd, int64_t N, int64_t C);
+
+// ---- activations ----
+
+// GELU, tanh approximation (GPT-2). out (n), in place allowed.
+void gelu_forward(float* out, const float* x, int64_t n);
+// dx (n) = dout * gelu'(x); dx may alias dout.
+void gelu_backward(float* dx, const float* x, const float* dout, int64_t n);
+// SwiGLU: out (N, F) = silu(a) * b, with a = h[:, :F], b = h[:, F:] of h (N, 2F).
+void swiglu_forward(float* out, const float* h, int64_t N, int64_t F);
+// dh (N, 2F) from dout (N, F).
+void swiglu_backward(float* dh, const float* dout, const float* h, int64_t N, int64_t F);
+
+// ---- rotary position embedding (rotate-half convention of Hugging Face LLaMA) ----
+
+// cos/sin tables (maxT, HS/2) for base theta.
+void rope_tables(float* cos_table, float* sin_table, int64_t max_T, int64_t HS, float theta);
+// Rotates `heads` heads of size HS in place in x (B, T, row_stride), starting
+// at column `offset`. inverse=true applies the transpose (backward).
+void rope_apply(float* x, const float* cos_table, const float* sin_table, int64_t B, int64_t T,
+                int64_t row_stride, int64_t offset, int64_t heads, int64_t HS, bool inverse);
+
+// ---- attention ----
+
+// Causal multi-head attention with grouped-query heads, computed blockwise with
+// an online softmax: no (T, T) score matrix is ever held.
+//   qkv (B, T, (NH + 2 KVH) HS): q heads, then k heads, then v heads
+//   out (B, T, NH HS); lse (B, NH, T) log-sum-exp saved for backward
+void attention_forward(float* out, float* lse, const float* qkv, int64_t B, int64_t T, int64_t NH,
+                       int64_t KVH, int64_t HS);
+// dqkv (B, T, (NH + 2 KVH) HS) written.
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, int64_t B, int64_t T, int64_t NH, int64_t KVH,
+                        int64_t HS);
+
+// ---- LM head fused with cross-entropy ----
+
+// The LM head (logits = h W^T, W (V, C)) and the mean cross-entropy over the
+// rows whose target is >= 0. Logits exist only for a block of rows at a time.
+// Returns the summed loss over valid rows; `valid` gets their count.
+// If dh is non-null, also computes gradients of (loss_sum * grad_scale):
+// dh (N, C) written, dW (V, C) accumulated. lse_out (N), if non-null, gets
+// each row's log-sum-exp.
+double lm_head_cross_entropy(const float* h, const float* W, const int32_t* targets, int64_t N,
+                             int64_t C, int64_t V, float grad_scale, float* dh, float* dW,
+                             int64_t* valid, float* scratch, int64_t scratch_floats);
+// Floats of scratch lm_head_cross_entropy needs for these sizes.
+int64_t lm_head_scratch_floats(int64_t N, int64_t V);
+
+// Log-sum-exp per row over vocabulary chunks (online), forward only.
+//   h (N, C), W (V, C), lse (N); target_logit (N) for targets >= 0.
+void lm_head_logsumexp(float* lse, float* target_logit, const float* h, const float* W,
+                       const int32_t* targets, int64_t N, int64_t C, int64_t V,
+                       int64_t vocab_chunk);
+
+// ---- optimizer ----
+
+// AdamW (Loshchilov & Hutter 2019) on one contiguous range, with decoupled
+// weight decay (the caller passes 0 for norms and biases). Bias corrections
+// use the 1-based step t; the gradient is multiplied by grad_scale first
+// (clipping, loss-scale removal).
+void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int64_t t,
+                  float grad_scale);
+// Sum of squares in double precision (for the global gradient norm).
+double sum_squares(const float* x, int64_t n);
+void scale_inplace(float* x, int64_t n, float s);
+void add_inplace(float* y, const float* x, int64_t n);
+
+}  // namespace apiary::kernels

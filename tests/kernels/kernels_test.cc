@@ -1,0 +1,344 @@
+// Every kernel's forward against a plain fp64 reference and every backward
+// against central finite differences of that reference, on small odd shapes.
+// Tolerances: forward 2e-6 / 1e-5 relative (float rounding over sums of up to
+// a few hundred terms); backward 1e-4 relative (float accumulation in the
+// kernel; the fp64 finite differences themselves are good to ~1e-9).
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kernel_test_util.h"
+#include "kernels/kernels.h"
+
+using namespace apiary;
+using namespace apiary::testing;
+namespace k = apiary::kernels;
+
+namespace {
+
+constexpr double kFwdTol = 1e-5;
+constexpr double kBwdTol = 1e-4;
+
+// y = x W^T + b in fp64.
+std::vector<double> ref_linear(const std::vector<double>& x, const std::vector<double>& w,
+                               const std::vector<double>& b, int N, int IN, int OUT) {
+    std::vector<double> y(size_t(N) * OUT);
+    for (int n = 0; n < N; ++n)
+        for (int o = 0; o < OUT; ++o) {
+            double s = b.empty() ? 0.0 : b[o];
+            for (int i = 0; i < IN; ++i) s += x[n * IN + i] * w[o * IN + i];
+            y[n * OUT + o] = s;
+        }
+    return y;
+}
+
+}  // namespace
+
+TEST(Gemm, AllTransposesMatchReference) {
+    const int M = 7, N = 13, K = 11;
+    const auto a = random_vec(M * K, 1), b = random_vec(K * N, 2);
+    for (int ta = 0; ta < 2; ++ta)
+        for (int tb = 0; tb < 2; ++tb) {
+            std::vector<float> c(M * N, 1.0f);
+            // A stored (M,K) or (K,M); B stored (K,N) or (N,K).
+            k::gemm(ta, tb, M, N, K, a.data(), ta ? M : K, b.data(), tb ? K : N, 1.0f, c.data(),
+                    N);
+            std::vector<double> ref(M * N);
+            for (int i = 0; i < M; ++i)
+                for (int j = 0; j < N; ++j) {
+                    double s = 1.0;
+                    for (int p = 0; p < K; ++p) {
+                        const double av = ta ? a[p * M + i] : a[i * K + p];
+                        const double bv = tb ? b[j * K + p] : b[p * N + j];
+                        s += av * bv;
+                    }
+                    ref[i * N + j] = s;
+                }
+            EXPECT_LT(rel_error(c, ref), kFwdTol) << "ta=" << ta << " tb=" << tb;
+        }
+}
+
+TEST(Linear, ForwardAndBackward) {
+    const int N = 5, IN = 7, OUT = 3;
+    const auto x = random_vec(N * IN, 3), w = random_vec(OUT * IN, 4), b = random_vec(OUT, 5);
+    const auto dy = random_vec(N * OUT, 6);
+    std::vector<float> y(N * OUT);
+    k::linear_forward(y.data(), x.data(), w.data(), b.data(), N, IN, OUT);
+    EXPECT_LT(rel_error(y, ref_linear(to_f64(x), to_f64(w), to_f64(b), N, IN, OUT)), kFwdTol);
+
+    std::vector<float> dx(N * IN), dw(OUT * IN, 0.0f), db(OUT, 0.0f);
+    k::linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, IN, OUT);
+    const auto dy64 = to_f64(dy);
+    auto loss_x = [&](const std::vector<double>& xv) {
+        return dot(ref_linear(xv, to_f64(w), to_f64(b), N, IN, OUT), dy64);
+    };
+    auto loss_w = [&](const std::vector<double>& wv) {
+        return dot(ref_linear(to_f64(x), wv, to_f64(b), N, IN, OUT), dy64);
+    };
+    auto loss_b = [&](const std::vector<double>& bv) {
+        return dot(ref_linear(to_f64(x), to_f64(w), bv, N, IN, OUT), dy64);
+    };
+    EXPECT_LT(rel_error(dx, finite_diff(loss_x, to_f64(x))), kBwdTol);
+    EXPECT_LT(rel_error(dw, finite_diff(loss_w, to_f64(w))), kBwdTol);
+    EXPECT_LT(rel_error(db, finite_diff(loss_b, to_f64(b))), kBwdTol);
+}
+
+TEST(Embedding, ForwardAndBackwardWithRepeatedTokens) {
+    const int B = 2, T = 3, C = 5, V = 4;
+    const std::vector<int32_t> tok = {1, 3, 1, 0, 1, 2};
+    const auto wte = random_vec(V * C, 7), wpe = random_vec(T * C, 8), d = random_vec(B * T * C, 9);
+    std::vector<float> out(B * T * C);
+    k::embedding_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C);
+    std::vector<double> ref(B * T * C), dwte(V * C, 0.0), dwpe(T * C, 0.0);
+    for (int i = 0; i < B * T; ++i)
+        for (int c = 0; c < C; ++c) {
+            ref[i * C + c] = double(wte[tok[i] * C + c]) + wpe[(i % T) * C + c];
+            dwte[tok[i] * C + c] += d[i * C + c];
+            dwpe[(i % T) * C + c] += d[i * C + c];
+        }
+    EXPECT_LT(rel_error(out, ref), kFwdTol);
+    std::vector<float> gw(V * C, 0.0f), gp(T * C, 0.0f);
+    k::embedding_backward(gw.data(), gp.data(), d.data(), tok.data(), B, T, C);
+    EXPECT_LT(rel_error(gw, dwte), kFwdTol);
+    EXPECT_LT(rel_error(gp, dwpe), kFwdTol);
+}
+
+namespace {
+
+std::vector<double> ref_layernorm(const std::vector<double>& x, const std::vector<double>& w,
+                                  const std::vector<double>& b, int N, int C, double eps) {
+    std::vector<double> y(x.size());
+    for (int n = 0; n < N; ++n) {
+        double m = 0, v = 0;
+        for (int c = 0; c < C; ++c) m += x[n * C + c];
+        m /= C;
+        for (int c = 0; c < C; ++c) v += (x[n * C + c] - m) * (x[n * C + c] - m);
+        const double r = 1.0 / std::sqrt(v / C + eps);
+        for (int c = 0; c < C; ++c) y[n * C + c] = (x[n * C + c] - m) * r * w[c] + b[c];
+    }
+    return y;
+}
+
+std::vector<double> ref_rmsnorm(const std::vector<double>& x, const std::vector<double>& w, int N,
+                                int C, double eps) {
+    std::vector<double> y(x.size());
+    for (int n = 0; n < N; ++n) {
+        double ss = 0;
+        for (int c = 0; c < C; ++c) ss += x[n * C + c] * x[n * C + c];
+        const double r = 1.0 / std::sqrt(ss / C + eps);
+        for (int c = 0; c < C; ++c) y[n * C + c] = x[n * C + c] * r * w[c];
+    }
+    return y;
+}
+
+}  // namespace
+
+TEST(LayerNorm, ForwardAndBackward) {
+    const int N = 5, C = 19;
+    const float eps = 1e-5f;
+    const auto x = random_vec(N * C, 10), w = random_vec(C, 11), b = random_vec(C, 12),
+               d = random_vec(N * C, 13);
+    std::vector<float> y(N * C), mean(N), rstd(N);
+    k::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C,
+                         eps);
+    EXPECT_LT(rel_error(y, ref_layernorm(to_f64(x), to_f64(w), to_f64(b), N, C, eps)), kFwdTol);
+    // dx accumulates: start from a known value and subtract it after.
+    std::vector<float> dx(N * C, 0.5f), dw(C, 0.0f), db(C, 0.0f);
+    k::layernorm_backward(dx.data(), dw.data(), db.data(), d.data(), x.data(), w.data(),
+                          mean.data(), rstd.data(), N, C);
+    for (auto& v : dx) v -= 0.5f;
+    const auto d64 = to_f64(d);
+    EXPECT_LT(rel_error(dx, finite_diff([&](const auto& xv) {
+                  return dot(ref_layernorm(xv, to_f64(w), to_f64(b), N, C, eps), d64);
+              }, to_f64(x))),
+              kBwdTol);
+    EXPECT_LT(rel_error(dw, finite_diff([&](const auto& wv) {
+                  return dot(ref_layernorm(to_f64(x), wv, to_f64(b), N, C, eps), d64);
+              }, to_f64(w))),
+              kBwdTol);
+    EXPECT_LT(rel_error(db, finite_diff([&](const auto& bv) {
+                  return dot(ref_layernorm(to_f64(x), to_f64(w), bv, N, C, eps), d64);
+              }, to_f64(b))),
+              kBwdTol);
+}
+
+TEST(RmsNorm, ForwardAndBackward) {
+    const int N = 6, C = 23;
+    const float eps = 1e-5f;
+    const auto x = random_vec(N * C, 14), w = random_vec(C, 15), d = random_vec(N * C, 16);
+    std::vector<float> y(N * C), rstd(N);
+    k::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+    EXPECT_LT(rel_error(y, ref_rmsnorm(to_f64(x), to_f64(w), N, C, eps)), kFwdTol);
+    std::vector<float> dx(N * C, 0.0f), dw(C, 0.0f);
+    k::rmsnorm_backward(dx.data(), dw.data(), d.data(), x.data(), w.data(), rstd.data(), N, C);
+    const auto d64 = to_f64(d);
+    EXPECT_LT(rel_error(dx, finite_diff([&](const auto& xv) {
+                  return dot(ref_rmsnorm(xv, to_f64(w), N, C, eps), d64);
+              }, to_f64(x))),
+              kBwdTol);
+    EXPECT_LT(rel_error(dw, finite_diff([&](const auto& wv) {
+                  return dot(ref_rmsnorm(to_f64(x), wv, N, C, eps), d64);
+              }, to_f64(w))),
+              kBwdTol);
+}
+
+TEST(Gelu, ForwardAndBackward) {
+    const int n = 37;
+    const auto x = random_vec(n, 17, 2.5f), d = random_vec(n, 18);
+    auto ref = [](const std::vector<double>& xv) {
+        std::vector<double> y(xv.size());
+        for (size_t i = 0; i < xv.size(); ++i) {
+            const double v = xv[i];
+            y[i] = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+        }
+        return y;
+    };
+    std::vector<float> y(n), dx(n);
+    k::gelu_forward(y.data(), x.data(), n);
+    EXPECT_LT(rel_error(y, ref(to_f64(x))), kFwdTol);
+    k::gelu_backward(dx.data(), x.data(), d.data(), n);
+    const auto d64 = to_f64(d);
+    EXPECT_LT(rel_error(dx, finite_diff([&](const auto& xv) { return dot(ref(xv), d64); },
+                                        to_f64(x))),
+              kBwdTol);
+}
+
+TEST(SwiGlu, ForwardAndBackward) {
+    const int N = 3, F = 17;
+    const auto h = random_vec(N * 2 * F, 19, 2.0f), d = random_vec(N * F, 20);
+    auto ref = [&](const std::vector<double>& hv) {
+        std::vector<double> y(size_t(N) * F);
+        for (int n = 0; n < N; ++n)
+            for (int j = 0; j < F; ++j) {
+                const double a = hv[n * 2 * F + j], b = hv[n * 2 * F + F + j];
+                y[n * F + j] = a / (1 + std::exp(-a)) * b;
+            }
+        return y;
+    };
+    std::vector<float> y(N * F), dh(N * 2 * F);
+    k::swiglu_forward(y.data(), h.data(), N, F);
+    EXPECT_LT(rel_error(y, ref(to_f64(h))), kFwdTol);
+    k::swiglu_backward(dh.data(), d.data(), h.data(), N, F);
+    const auto d64 = to_f64(d);
+    EXPECT_LT(rel_error(dh, finite_diff([&](const auto& hv) { return dot(ref(hv), d64); },
+                                        to_f64(h))),
+              kBwdTol);
+}
+
+TEST(Rope, ForwardMatchesReferenceAndInverseUndoesIt) {
+    const int B = 2, T = 9, heads = 3, HS = 6, stride = heads * HS + 4, offset = 2;
+    const float theta = 10000.0f;
+    std::vector<float> cs(T * HS / 2), sn(T * HS / 2);
+    k::rope_tables(cs.data(), sn.data(), T, HS, theta);
+    const auto x = random_vec(B * T * stride, 21);
+    std::vector<float> y = x;
+    k::rope_apply(y.data(), cs.data(), sn.data(), B, T, stride, offset, heads, HS, false);
+    std::vector<double> ref(x.begin(), x.end());
+    for (int bt = 0; bt < B * T; ++bt)
+        for (int h = 0; h < heads; ++h)
+            for (int i = 0; i < HS / 2; ++i) {
+                const double freq = 1.0 / std::pow(double(theta), 2.0 * i / HS);
+                const double ang = (bt % T) * double(float(freq));
+                const size_t base = size_t(bt) * stride + offset + h * HS;
+                const double a = x[base + i], b = x[base + i + HS / 2];
+                ref[base + i] = a * std::cos(ang) - b * std::sin(ang);
+                ref[base + i + HS / 2] = b * std::cos(ang) + a * std::sin(ang);
+            }
+    EXPECT_LT(rel_error(y, ref), kFwdTol);
+    // The backward of a rotation is its inverse: applying it restores x.
+    k::rope_apply(y.data(), cs.data(), sn.data(), B, T, stride, offset, heads, HS, true);
+    EXPECT_LT(rel_error(y, to_f64(x)), kFwdTol);
+}
+
+namespace {
+
+// Mean cross-entropy pieces in fp64: sum over valid rows of lse - logit[target].
+double ref_ce(const std::vector<double>& h, const std::vector<double>& W,
+              const std::vector<int32_t>& tgt, int N, int C, int V) {
+    double loss = 0;
+    for (int n = 0; n < N; ++n) {
+        if (tgt[n] < 0) continue;
+        std::vector<double> lg(V);
+        double mx = -1e300;
+        for (int v = 0; v < V; ++v) {
+            double s = 0;
+            for (int c = 0; c < C; ++c) s += h[n * C + c] * W[v * C + c];
+            lg[v] = s;
+            mx = std::max(mx, s);
+        }
+        double se = 0;
+        for (int v = 0; v < V; ++v) se += std::exp(lg[v] - mx);
+        loss += mx + std::log(se) - lg[tgt[n]];
+    }
+    return loss;
+}
+
+}  // namespace
+
+TEST(LmHeadCrossEntropy, LossAndGradientsIgnoringMaskedRows) {
+    const int N = 7, C = 5, V = 11;
+    const auto h = random_vec(N * C, 22), W = random_vec(V * C, 23);
+    const std::vector<int32_t> tgt = {3, 0, -1, 10, 7, 7, 1};
+    std::vector<float> scratch(k::lm_head_scratch_floats(N, V));
+    std::vector<float> dh(N * C), dW(V * C, 0.0f);
+    int64_t valid = 0;
+    const float scale = 1.0f / 6;
+    const double loss = k::lm_head_cross_entropy(h.data(), W.data(), tgt.data(), N, C, V, scale,
+                                                 dh.data(), dW.data(), &valid, scratch.data(),
+                                                 int64_t(scratch.size()));
+    EXPECT_EQ(valid, 6);
+    const double ref = ref_ce(to_f64(h), to_f64(W), tgt, N, C, V);
+    EXPECT_NEAR(loss, ref, 1e-5 * std::fabs(ref));
+    auto gh = finite_diff([&](const auto& hv) { return ref_ce(hv, to_f64(W), tgt, N, C, V); },
+                          to_f64(h));
+    auto gW = finite_diff([&](const auto& wv) { return ref_ce(to_f64(h), wv, tgt, N, C, V); },
+                          to_f64(W));
+    for (auto& g : gh) g *= scale;
+    for (auto& g : gW) g *= scale;
+    EXPECT_LT(rel_error(dh, gh), kBwdTol);
+    EXPECT_LT(rel_error(dW, gW), kBwdTol);
+    // Masked row: no gradient flows into its hidden state.
+    for (int c = 0; c < C; ++c) EXPECT_EQ(dh[2 * C + c], 0.0f);
+}
+
+TEST(LmHeadCrossEntropy, ChunkedLogSumExpMatchesFused) {
+    const int N = 9, C = 4, V = 29;
+    const auto h = random_vec(N * C, 24, 3.0f), W = random_vec(V * C, 25);
+    std::vector<int32_t> tgt(N);
+    for (int n = 0; n < N; ++n) tgt[n] = (n * 7) % V;
+    std::vector<float> lse(N), tl(N);
+    k::lm_head_logsumexp(lse.data(), tl.data(), h.data(), W.data(), tgt.data(), N, C, V, 6);
+    double sum = 0;
+    for (int n = 0; n < N; ++n) sum += double(lse[n]) - tl[n];
+    const double ref = ref_ce(to_f64(h), to_f64(W), tgt, N, C, V);
+    EXPECT_NEAR(sum, ref, 1e-5 * std::fabs(ref));
+}
+
+TEST(AdamW, MatchesReferenceFormula) {
+    const int n = 21;
+    auto p = random_vec(n, 26), g = random_vec(n, 27);
+    std::vector<float> m(n, 0.0f), v(n, 0.0f);
+    std::vector<double> rp(p.begin(), p.end()), rm(n, 0.0), rv(n, 0.0);
+    const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, gs = 0.5;
+    for (int t = 1; t <= 3; ++t) {
+        k::adamw_update(p.data(), g.data(), m.data(), v.data(), n, float(lr), float(b1),
+                        float(b2), float(eps), float(wd), t, float(gs));
+        for (int i = 0; i < n; ++i) {
+            const double gi = g[i] * gs;
+            rm[i] = b1 * rm[i] + (1 - b1) * gi;
+            rv[i] = b2 * rv[i] + (1 - b2) * gi * gi;
+            const double mh = rm[i] / (1 - std::pow(b1, t)), vh = rv[i] / (1 - std::pow(b2, t));
+            rp[i] = rp[i] * (1 - lr * wd) - lr * mh / (std::sqrt(vh) + eps);
+        }
+    }
+    EXPECT_LT(rel_error(p, rp), kFwdTol);
+}
+
+TEST(SumSquares, MatchesReference) {
+    const int n = 10007;
+    const auto x = random_vec(n, 28);
+    double ref = 0;
+    for (float v : x) ref += double(v) * v;
+    EXPECT_NEAR(k::sum_squares(x.data(), n), ref, 1e-6 * ref);
+}

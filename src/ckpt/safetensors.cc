@@ -1,0 +1,237 @@
+#include "ckpt/safetensors.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace apiary::ckpt {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+size_t dtype_bytes(const std::string& dt) {
+    if (dt == "F64" || dt == "I64" || dt == "U64") return 8;
+    if (dt == "F32" || dt == "I32" || dt == "U32") return 4;
+    if (dt == "F16" || dt == "BF16" || dt == "I16" || dt == "U16") return 2;
+    if (dt == "I8" || dt == "U8" || dt == "BOOL") return 1;
+    return 0;
+}
+
+void write_all(int fd, const void* p, size_t n, const std::string& path) {
+    const char* c = static_cast<const char*>(p);
+    while (n > 0) {
+        const ssize_t w = ::write(fd, c, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            throw IoError(fmt::format("{}: write failed: {}", path, std::strerror(errno)));
+        }
+        c += w;
+        n -= size_t(w);
+    }
+}
+
+}  // namespace
+
+static void atomic_write_parts(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts) {
+    const fs::path target(path);
+    const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+    const std::string tmp = (dir / fmt::format(".{}.tmp", target.filename().string())).string();
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        throw IoError(fmt::format("{}: cannot create: {}", tmp, std::strerror(errno)));
+    }
+    try {
+        for (const auto& [p, n] : parts) write_all(fd, p, n, tmp);
+        if (::fsync(fd) != 0) {
+            throw IoError(fmt::format("{}: fsync failed: {}", tmp, std::strerror(errno)));
+        }
+    } catch (...) {
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        throw;
+    }
+    ::close(fd);
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+        ::unlink(tmp.c_str());
+        throw IoError(fmt::format("{}: rename failed: {}", path, std::strerror(errno)));
+    }
+    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) {
+        ::fsync(dfd);
+        ::close(dfd);
+    }
+}
+
+void atomic_write(const std::string& path, const void* bytes, size_t n) {
+    atomic_write_parts(path, {{bytes, n}});
+}
+
+void write_safetensors(const std::string& path, const std::vector<TensorEntry>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+    json header = json::object();
+    if (!metadata.empty()) header["__metadata__"] = metadata;
+    size_t offset = 0;
+    for (const auto& t : tensors) {
+        header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape},
+                          {"data_offsets", {offset, offset + t.nbytes}}};
+        offset += t.nbytes;
+    }
+    std::string h = header.dump();
+    // Pad the header with spaces so tensor data starts 8-byte aligned.
+    while ((8 + h.size()) % 8 != 0) h += ' ';
+    const uint64_t hlen = h.size();
+    std::vector<std::pair<const void*, size_t>> parts = {{&hlen, 8}, {h.data(), h.size()}};
+    for (const auto& t : tensors) parts.emplace_back(t.data, t.nbytes);
+    atomic_write_parts(path, parts);
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
+    if (!in) throw IoError(fmt::format("{}: cannot open", path));
+    const auto size = size_t(in.tellg());
+    if (size < 8) {
+        throw IoError(fmt::format("{}: {} bytes is too short for a safetensors file", path, size));
+    }
+    bytes_.resize(size);
+    in.seekg(0);
+    in.read(reinterpret_cast<char*>(bytes_.data()), std::streamsize(size));
+    if (!in) throw IoError(fmt::format("{}: read failed", path));
+    uint64_t hlen = 0;
+    std::memcpy(&hlen, bytes_.data(), 8);
+    if (hlen > size - 8 || hlen > (100u << 20)) {
+        throw IoError(fmt::format("{}: header length {} at byte 0 exceeds the file ({} bytes): "
+                                  "not a safetensors file, or truncated",
+                                  path, hlen, size));
+    }
+    data_start_ = 8 + hlen;
+    json header;
+    try {
+        header = json::parse(bytes_.begin() + 8, bytes_.begin() + long(data_start_));
+    } catch (const json::parse_error& e) {
+        throw IoError(fmt::format("{}: header is not valid JSON (byte {}): {}", path,
+                                  8 + e.byte, e.what()));
+    }
+    if (!header.is_object()) throw IoError(fmt::format("{}: header is not a JSON object", path));
+    const size_t data_size = size - data_start_;
+    std::vector<std::pair<size_t, size_t>> ranges;
+    for (const auto& [name, v] : header.items()) {
+        if (name == "__metadata__") {
+            if (!v.is_object()) throw IoError(fmt::format("{}: __metadata__ is not an object", path));
+            for (const auto& [mk, mv] : v.items()) {
+                if (!mv.is_string()) {
+                    throw IoError(fmt::format("{}: metadata '{}' is not a string", path, mk));
+                }
+                metadata_[mk] = mv.get<std::string>();
+            }
+            continue;
+        }
+        try {
+            TensorEntry e;
+            e.name = name;
+            e.dtype = v.at("dtype").get<std::string>();
+            e.shape = v.at("shape").get<std::vector<int64_t>>();
+            const auto offs = v.at("data_offsets").get<std::vector<uint64_t>>();
+            const size_t width = dtype_bytes(e.dtype);
+            if (width == 0) throw IoError(fmt::format("unknown dtype '{}'", e.dtype));
+            if (offs.size() != 2 || offs[0] > offs[1] || offs[1] > data_size) {
+                throw IoError(fmt::format("data_offsets [{}] outside the {} data bytes",
+                                          fmt::join(offs, ", "), data_size));
+            }
+            uint64_t numel = 1;
+            for (int64_t d : e.shape) {
+                if (d < 0) throw IoError("negative dimension");
+                numel *= uint64_t(d);
+            }
+            if (numel * width != offs[1] - offs[0]) {
+                throw IoError(fmt::format("shape needs {} bytes but data_offsets span {}",
+                                          numel * width, offs[1] - offs[0]));
+            }
+            e.data = bytes_.data() + data_start_ + offs[0];
+            e.nbytes = offs[1] - offs[0];
+            ranges.emplace_back(offs[0], offs[1]);
+            entries_[name] = std::move(e);
+        } catch (const json::exception& ex) {
+            throw IoError(fmt::format("{}: tensor '{}': malformed entry: {}", path, name, ex.what()));
+        } catch (const IoError& ex) {
+            throw IoError(fmt::format("{}: tensor '{}': {}", path, name, ex.what()));
+        }
+    }
+    std::sort(ranges.begin(), ranges.end());
+    for (size_t i = 1; i < ranges.size(); ++i) {
+        if (ranges[i].first < ranges[i - 1].second) {
+            throw IoError(fmt::format("{}: tensors overlap at data byte {}", path, ranges[i].first));
+        }
+    }
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+    std::vector<std::string> n;
+    for (const auto& [k, v] : entries_) n.push_back(k);
+    return n;
+}
+
+const TensorEntry& SafetensorsFile::entry(const std::string& name) const {
+    auto it = entries_.find(name);
+    if (it == entries_.end()) {
+        throw IoError(fmt::format("{}: no tensor named '{}'", path_, name));
+    }
+    return it->second;
+}
+
+void SafetensorsFile::read_f32(const std::string& name, const std::vector<int64_t>& shape,
+                               float* dst) const {
+    const TensorEntry& e = entry(name);
+    if (e.dtype != "F32") {
+        throw IoError(fmt::format("{}: tensor '{}' is {}, expected F32", path_, name, e.dtype));
+    }
+    if (e.shape != shape) {
+        throw IoError(fmt::format("{}: tensor '{}' has shape [{}], expected [{}]", path_, name,
+                                  fmt::join(e.shape, ", "), fmt::join(shape, ", ")));
+    }
+    std::memcpy(dst, e.data, e.nbytes);
+}
+
+std::vector<double> SafetensorsFile::read_as_f64(const std::string& name) const {
+    const TensorEntry& e = entry(name);
+    const size_t width = dtype_bytes(e.dtype);
+    const size_t n = e.nbytes / width;
+    std::vector<double> out(n);
+    const auto* p = static_cast<const uint8_t*>(e.data);
+    for (size_t i = 0; i < n; ++i) {
+        const uint8_t* q = p + i * width;
+        if (e.dtype == "F64") {
+            double d;
+            std::memcpy(&d, q, 8);
+            out[i] = d;
+        } else if (e.dtype == "F32") {
+            float f;
+            std::memcpy(&f, q, 4);
+            out[i] = f;
+        } else if (e.dtype == "I32") {
+            int32_t v;
+            std::memcpy(&v, q, 4);
+            out[i] = v;
+        } else if (e.dtype == "I64") {
+            int64_t v;
+            std::memcpy(&v, q, 8);
+            out[i] = double(v);
+        } else {
+            throw IoError(fmt::format("{}: tensor '{}': cannot read {} as numbers", path_, name,
+                                      e.dtype));
+        }
+    }
+    return out;
+}
+
+}  // namespace apiary::ckpt

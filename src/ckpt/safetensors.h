@@ -1,0 +1,53 @@
+#pragma once
+// safetensors (Hugging Face): an 8-byte little-endian header length, a JSON
+// header {name: {dtype, shape, data_offsets}, "__metadata__": {str: str}},
+// then the raw little-endian tensor bytes. No code runs on load (unlike a
+// pickle), and every offset is checked against the file before use.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace apiary::ckpt {
+
+struct TensorEntry {
+    std::string name;
+    std::string dtype;  // "F32", "BF16", "F16", "I32", ...
+    std::vector<int64_t> shape;
+    const void* data = nullptr;  // for writing
+    size_t nbytes = 0;
+};
+
+// Writes atomically: a temporary file in the same directory, fsync, rename,
+// fsync of the directory. A crash leaves either the old file or the new one.
+void write_safetensors(const std::string& path, const std::vector<TensorEntry>& tensors,
+                       const std::map<std::string, std::string>& metadata);
+
+class SafetensorsFile {
+public:
+    // Reads and validates the whole file; throws IoError naming the file and
+    // what is wrong (truncated, bad header, overlapping or out-of-range data).
+    explicit SafetensorsFile(const std::string& path);
+
+    const std::map<std::string, std::string>& metadata() const { return metadata_; }
+    std::vector<std::string> names() const;
+    bool has(const std::string& name) const { return entries_.count(name) > 0; }
+    const TensorEntry& entry(const std::string& name) const;  // throws IoError if missing
+    // Copies an F32 tensor into dst after checking its shape.
+    void read_f32(const std::string& name, const std::vector<int64_t>& shape, float* dst) const;
+    // Any float or integer tensor converted to double (tests, small tensors).
+    std::vector<double> read_as_f64(const std::string& name) const;
+
+private:
+    std::string path_;
+    std::vector<uint8_t> bytes_;
+    size_t data_start_ = 0;
+    std::map<std::string, TensorEntry> entries_;
+    std::map<std::string, std::string> metadata_;
+};
+
+// Writes `bytes` to `path` atomically (tmp + fsync + rename + dir fsync).
+void atomic_write(const std::string& path, const void* bytes, size_t n);
+
+}  // namespace apiary::ckpt

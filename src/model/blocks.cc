@@ -1,0 +1,215 @@
+// The forward and backward passes of the transformer blocks. Each block's
+// backward reads the gradient of its output from dres_ and leaves there the
+// gradient of its input: the residual stream's gradient flows through one
+// buffer, and each norm's backward adds its branch into it.
+
+#include <fmt/format.h>
+
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+
+namespace apiary::model {
+
+namespace k = apiary::kernels;
+using core::Arch;
+
+namespace {
+
+void add_to(float* y, const float* x, int64_t n) { k::add_inplace(y, x, n); }
+
+}  // namespace
+
+void Transformer::forward_body(const int32_t* tokens, int64_t B, int64_t T) {
+    APIARY_CHECK(B >= 1 && B <= max_B_ && T >= 1 && T <= max_T_,
+                 "micro-batch (B={}, T={}) exceeds the allocated (B={}, T={})", B, T, max_B_,
+                 max_T_);
+    const int64_t C = spec_.n_embd, V = spec_.vocab_size;
+    for (int64_t i = 0; i < B * T; ++i) {
+        if (tokens[i] < 0 || tokens[i] >= V) {
+            throw DataError(fmt::format("token id {} at position {} is outside the vocabulary "
+                                        "(model.vocab_size = {})",
+                                        tokens[i], i, V));
+        }
+    }
+    if (spec_.arch == Arch::gpt2) {
+        k::embedding_forward(act(encoded_), tokens, param("wte.weight"), param("wpe.weight"), B, T,
+                             C);
+    } else {
+        k::embedding_forward(act(encoded_), tokens, param("model.embed_tokens.weight"), nullptr, B,
+                             T, C);
+    }
+    for (int l = 0; l < spec_.n_layer; ++l) block_forward(l, B, T);
+    const float* last = act(layer_.back().res3);
+    const int64_t N = B * T;
+    if (spec_.arch == Arch::gpt2) {
+        k::layernorm_forward(act(lnf_), act(lnf_mean_), act(lnf_rstd_), last, param("ln_f.weight"),
+                             param("ln_f.bias"), N, C, spec_.norm_eps);
+    } else {
+        k::rmsnorm_forward(act(lnf_), act(lnf_rstd_), last, param("model.norm.weight"), N, C,
+                           spec_.norm_eps);
+    }
+}
+
+void Transformer::block_forward(int l, int64_t B, int64_t T) {
+    const int64_t N = B * T, C = spec_.n_embd, F = spec_.ffn_dim(), NH = spec_.n_head,
+                  KVH = spec_.n_kv_head, HS = spec_.head_size(), R = C + 2 * spec_.kv_dim();
+    const float eps = spec_.norm_eps;
+    LayerOffsets& a = layer_[l];
+    const float* in = l == 0 ? act(encoded_) : act(layer_[l - 1].res3);
+    if (spec_.arch == Arch::gpt2) {
+        const std::string p = fmt::format("h.{}.", l);
+        k::layernorm_forward(act(a.norm1), act(a.norm1_mean), act(a.norm1_rstd), in,
+                             param(p + "ln_1.weight"), param(p + "ln_1.bias"), N, C, eps);
+        k::linear_forward(act(a.qkv), act(a.norm1), param(p + "attn.c_attn.weight"),
+                          param(p + "attn.c_attn.bias"), N, C, 3 * C);
+        k::attention_forward(act(a.atty), act(a.lse), act(a.qkv), B, T, NH, NH, HS);
+        k::linear_forward(act(a.res2), act(a.atty), param(p + "attn.c_proj.weight"),
+                          param(p + "attn.c_proj.bias"), N, C, C);
+        add_to(act(a.res2), in, N * C);
+        k::layernorm_forward(act(a.norm2), act(a.norm2_mean), act(a.norm2_rstd), act(a.res2),
+                             param(p + "ln_2.weight"), param(p + "ln_2.bias"), N, C, eps);
+        k::linear_forward(act(a.fc), act(a.norm2), param(p + "mlp.c_fc.weight"),
+                          param(p + "mlp.c_fc.bias"), N, C, F);
+        k::gelu_forward(act(a.fc_act), act(a.fc), N * F);
+        k::linear_forward(act(a.res3), act(a.fc_act), param(p + "mlp.c_proj.weight"),
+                          param(p + "mlp.c_proj.bias"), N, F, C);
+    } else {
+        const std::string p = fmt::format("model.layers.{}.", l);
+        k::rmsnorm_forward(act(a.norm1), act(a.norm1_rstd), in, param(p + "input_layernorm.weight"),
+                           N, C, eps);
+        k::linear_forward(act(a.qkv), act(a.norm1), param(p + "self_attn.q_proj.weight"), nullptr,
+                          N, C, R);
+        k::rope_apply(act(a.qkv), rope_cos_.f32(), rope_sin_.f32(), B, T, R, 0, NH, HS, false);
+        k::rope_apply(act(a.qkv), rope_cos_.f32(), rope_sin_.f32(), B, T, R, C, KVH, HS, false);
+        k::attention_forward(act(a.atty), act(a.lse), act(a.qkv), B, T, NH, KVH, HS);
+        k::linear_forward(act(a.res2), act(a.atty), param(p + "self_attn.o_proj.weight"), nullptr,
+                          N, C, C);
+        add_to(act(a.res2), in, N * C);
+        k::rmsnorm_forward(act(a.norm2), act(a.norm2_rstd), act(a.res2),
+                           param(p + "post_attention_layernorm.weight"), N, C, eps);
+        k::linear_forward(act(a.fc), act(a.norm2), param(p + "mlp.gate_proj.weight"), nullptr, N,
+                          C, 2 * F);
+        k::swiglu_forward(act(a.fc_act), act(a.fc), N, F);
+        k::linear_forward(act(a.res3), act(a.fc_act), param(p + "mlp.down_proj.weight"), nullptr,
+                          N, F, C);
+    }
+    add_to(act(a.res3), act(a.res2), N * C);
+}
+
+void Transformer::block_backward(int l, int64_t B, int64_t T) {
+    const int64_t N = B * T, C = spec_.n_embd, F = spec_.ffn_dim(), NH = spec_.n_head,
+                  KVH = spec_.n_kv_head, HS = spec_.head_size(), R = C + 2 * spec_.kv_dim();
+    LayerOffsets& a = layer_[l];
+    const float* in = l == 0 ? act(encoded_) : act(layer_[l - 1].res3);
+    float* dres = dres_.f32();
+    if (spec_.arch == Arch::gpt2) {
+        const std::string p = fmt::format("h.{}.", l);
+        k::linear_backward(dfc_act_.f32(), grad(p + "mlp.c_proj.weight"),
+                           grad(p + "mlp.c_proj.bias"), dres, act(a.fc_act),
+                           param(p + "mlp.c_proj.weight"), N, F, C);
+        k::gelu_backward(dfc_.f32(), act(a.fc), dfc_act_.f32(), N * F);
+        k::linear_backward(dnorm_.f32(), grad(p + "mlp.c_fc.weight"), grad(p + "mlp.c_fc.bias"),
+                           dfc_.f32(), act(a.norm2), param(p + "mlp.c_fc.weight"), N, C, F);
+        k::layernorm_backward(dres, grad(p + "ln_2.weight"), grad(p + "ln_2.bias"), dnorm_.f32(),
+                              act(a.res2), param(p + "ln_2.weight"), act(a.norm2_mean),
+                              act(a.norm2_rstd), N, C);
+        k::linear_backward(datty_.f32(), grad(p + "attn.c_proj.weight"),
+                           grad(p + "attn.c_proj.bias"), dres, act(a.atty),
+                           param(p + "attn.c_proj.weight"), N, C, C);
+        k::attention_backward(dqkv_.f32(), datty_.f32(), act(a.qkv), act(a.atty), act(a.lse), B,
+                              T, NH, NH, HS);
+        k::linear_backward(dnorm_.f32(), grad(p + "attn.c_attn.weight"),
+                           grad(p + "attn.c_attn.bias"), dqkv_.f32(), act(a.norm1),
+                           param(p + "attn.c_attn.weight"), N, C, 3 * C);
+        k::layernorm_backward(dres, grad(p + "ln_1.weight"), grad(p + "ln_1.bias"), dnorm_.f32(),
+                              in, param(p + "ln_1.weight"), act(a.norm1_mean), act(a.norm1_rstd),
+                              N, C);
+    } else {
+        const std::string p = fmt::format("model.layers.{}.", l);
+        k::linear_backward(dfc_act_.f32(), grad(p + "mlp.down_proj.weight"), nullptr, dres,
+                           act(a.fc_act), param(p + "mlp.down_proj.weight"), N, F, C);
+        k::swiglu_backward(dfc_.f32(), dfc_act_.f32(), act(a.fc), N, F);
+        k::linear_backward(dnorm_.f32(), grad(p + "mlp.gate_proj.weight"), nullptr, dfc_.f32(),
+                           act(a.norm2), param(p + "mlp.gate_proj.weight"), N, C, 2 * F);
+        k::rmsnorm_backward(dres, grad(p + "post_attention_layernorm.weight"), dnorm_.f32(),
+                            act(a.res2), param(p + "post_attention_layernorm.weight"),
+                            act(a.norm2_rstd), N, C);
+        k::linear_backward(datty_.f32(), grad(p + "self_attn.o_proj.weight"), nullptr, dres,
+                           act(a.atty), param(p + "self_attn.o_proj.weight"), N, C, C);
+        k::attention_backward(dqkv_.f32(), datty_.f32(), act(a.qkv), act(a.atty), act(a.lse), B,
+                              T, NH, KVH, HS);
+        // The rotation's transpose carries the gradient back to pre-RoPE q, k.
+        k::rope_apply(dqkv_.f32(), rope_cos_.f32(), rope_sin_.f32(), B, T, R, 0, NH, HS, true);
+        k::rope_apply(dqkv_.f32(), rope_cos_.f32(), rope_sin_.f32(), B, T, R, C, KVH, HS, true);
+        k::linear_backward(dnorm_.f32(), grad(p + "self_attn.q_proj.weight"), nullptr, dqkv_.f32(),
+                           act(a.norm1), param(p + "self_attn.q_proj.weight"), N, C, R);
+        k::rmsnorm_backward(dres, grad(p + "input_layernorm.weight"), dnorm_.f32(), in,
+                            param(p + "input_layernorm.weight"), act(a.norm1_rstd), N, C);
+    }
+}
+
+void Transformer::backward_body(const int32_t* tokens, int64_t B, int64_t T) {
+    // On entry dnorm_ holds the gradient of the final norm's output.
+    const int64_t N = B * T, C = spec_.n_embd;
+    dres_.zero();
+    const float* last = act(layer_.back().res3);
+    if (spec_.arch == Arch::gpt2) {
+        k::layernorm_backward(dres_.f32(), grad("ln_f.weight"), grad("ln_f.bias"), dnorm_.f32(),
+                              last, param("ln_f.weight"), act(lnf_mean_), act(lnf_rstd_), N, C);
+    } else {
+        k::rmsnorm_backward(dres_.f32(), grad("model.norm.weight"), dnorm_.f32(), last,
+                            param("model.norm.weight"), act(lnf_rstd_), N, C);
+    }
+    for (int l = spec_.n_layer - 1; l >= 0; --l) block_backward(l, B, T);
+    if (spec_.arch == Arch::gpt2) {
+        k::embedding_backward(grad("wte.weight"), grad("wpe.weight"), dres_.f32(), tokens, B, T, C);
+    } else {
+        k::embedding_backward(grad("model.embed_tokens.weight"), nullptr, dres_.f32(), tokens, B,
+                              T, C);
+    }
+}
+
+LossResult Transformer::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B,
+                                         int64_t T, float grad_scale) {
+    forward_body(tokens, B, T);
+    const int64_t N = B * T;
+    LossResult r;
+    r.loss_sum = k::lm_head_cross_entropy(act(lnf_), head_weight(), targets, N, spec_.n_embd,
+                                          spec_.vocab_size, grad_scale, dnorm_.f32(), head_grad(),
+                                          &r.count, head_scratch_.f32(), head_scratch_.numel());
+    backward_body(tokens, B, T);
+    return r;
+}
+
+LossResult Transformer::evaluate(const int32_t* tokens, const int32_t* targets, int64_t B,
+                                 int64_t T) {
+    forward_body(tokens, B, T);
+    const int64_t N = B * T;
+    std::vector<float> lse(static_cast<size_t>(N)), target_logit(static_cast<size_t>(N));
+    k::lm_head_logsumexp(lse.data(), target_logit.data(), act(lnf_), head_weight(), targets, N,
+                         spec_.n_embd, spec_.vocab_size, 8192);
+    LossResult r;
+    for (int64_t i = 0; i < N; ++i) {
+        if (targets[i] < 0) continue;
+        r.loss_sum += double(lse[i]) - double(target_logit[i]);
+        r.count += 1;
+    }
+    return r;
+}
+
+void Transformer::forward_logits(float* logits, const int32_t* tokens, int64_t B, int64_t T) {
+    forward_body(tokens, B, T);
+    const int64_t C = spec_.n_embd, V = spec_.vocab_size;
+    k::gemm(false, true, B * T, V, C, act(lnf_), C, head_weight(), C, 0.0f, logits, V);
+}
+
+void Transformer::last_logits(float* logits, const int32_t* tokens, int64_t T) {
+    forward_body(tokens, 1, T);
+    const int64_t C = spec_.n_embd, V = spec_.vocab_size;
+    k::gemm(false, true, 1, V, C, act(lnf_) + (T - 1) * C, C, head_weight(), C, 0.0f, logits, V);
+}
+
+}  // namespace apiary::model

@@ -1,0 +1,173 @@
+#include "model/model.h"
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "kernels/kernels.h"
+
+namespace apiary::model {
+
+namespace k = apiary::kernels;
+using core::Arch;
+using core::DType;
+using core::MemCategory;
+
+Transformer::Transformer(const core::ModelSpec& spec, int64_t max_B, int64_t max_T)
+    : spec_(spec), max_B_(max_B), max_T_(max_T) {
+    spec_.validate();
+    if (max_T > spec_.max_seq_len) {
+        throw ConfigError(fmt::format("train.seq_len = {} exceeds model.max_seq_len = {}", max_T,
+                                      spec_.max_seq_len));
+    }
+    APIARY_CHECK(max_B >= 1 && max_T >= 1, "bad activation shape B={} T={}", max_B, max_T);
+    build_registry();
+    params_ = core::Tensor({registry_.total()}, DType::f32, MemCategory::params);
+    grads_ = core::Tensor({registry_.total()}, DType::f32, MemCategory::grads);
+    allocate_activations();
+}
+
+void Transformer::build_registry() {
+    const int64_t C = spec_.n_embd, V = spec_.vocab_size, F = spec_.ffn_dim(),
+                  KV = spec_.kv_dim();
+    auto& r = registry_;
+    if (spec_.arch == Arch::gpt2) {
+        r.add("wte.weight", {V, C}, true, -1);
+        r.add("wpe.weight", {spec_.max_seq_len, C}, true, -1);
+        for (int l = 0; l < spec_.n_layer; ++l) {
+            const std::string p = fmt::format("h.{}.", l);
+            r.add(p + "ln_1.weight", {C}, false, l);
+            r.add(p + "ln_1.bias", {C}, false, l);
+            r.add(p + "attn.c_attn.weight", {3 * C, C}, true, l);
+            r.add(p + "attn.c_attn.bias", {3 * C}, false, l);
+            r.add(p + "attn.c_proj.weight", {C, C}, true, l);
+            r.add(p + "attn.c_proj.bias", {C}, false, l);
+            r.add(p + "ln_2.weight", {C}, false, l);
+            r.add(p + "ln_2.bias", {C}, false, l);
+            r.add(p + "mlp.c_fc.weight", {F, C}, true, l);
+            r.add(p + "mlp.c_fc.bias", {F}, false, l);
+            r.add(p + "mlp.c_proj.weight", {C, F}, true, l);
+            r.add(p + "mlp.c_proj.bias", {C}, false, l);
+        }
+        r.add("ln_f.weight", {C}, false, -1);
+        r.add("ln_f.bias", {C}, false, -1);
+    } else {
+        r.add("model.embed_tokens.weight", {V, C}, true, -1);
+        for (int l = 0; l < spec_.n_layer; ++l) {
+            const std::string p = fmt::format("model.layers.{}.", l);
+            r.add(p + "input_layernorm.weight", {C}, false, l);
+            // q, k, v back to back: one (C + 2 KV, C) matrix for a fused matmul.
+            r.add(p + "self_attn.q_proj.weight", {C, C}, true, l, false);
+            r.add(p + "self_attn.k_proj.weight", {KV, C}, true, l, false);
+            r.add(p + "self_attn.v_proj.weight", {KV, C}, true, l);
+            r.add(p + "self_attn.o_proj.weight", {C, C}, true, l);
+            r.add(p + "post_attention_layernorm.weight", {C}, false, l);
+            // gate and up back to back: one (2F, C) matrix.
+            r.add(p + "mlp.gate_proj.weight", {F, C}, true, l, false);
+            r.add(p + "mlp.up_proj.weight", {F, C}, true, l);
+            r.add(p + "mlp.down_proj.weight", {C, F}, true, l);
+        }
+        r.add("model.norm.weight", {C}, false, -1);
+    }
+    if (!spec_.tie_embeddings) r.add("lm_head.weight", {V, C}, true, -1);
+}
+
+void Transformer::allocate_activations() {
+    const int64_t N = max_B_ * max_T_, C = spec_.n_embd, F = spec_.ffn_dim(),
+                  NH = spec_.n_head, R = C + 2 * spec_.kv_dim();
+    const bool gpt2 = spec_.arch == Arch::gpt2;
+    // The MLP's first matmul is (N, F) for gpt2 and (N, 2F) for SwiGLU.
+    const int64_t fc_width = gpt2 ? F : 2 * F;
+    int64_t cursor = 0;
+    auto take = [&](int64_t n) {
+        const int64_t at = cursor;
+        cursor += (n + 15) / 16 * 16;
+        return at;
+    };
+    encoded_ = take(N * C);
+    layer_.resize(spec_.n_layer);
+    for (auto& a : layer_) {
+        a.norm1 = take(N * C);
+        a.norm1_mean = take(N);
+        a.norm1_rstd = take(N);
+        a.qkv = take(N * R);
+        a.atty = take(N * C);
+        a.lse = take(max_B_ * NH * max_T_);
+        a.res2 = take(N * C);
+        a.norm2 = take(N * C);
+        a.norm2_mean = take(N);
+        a.norm2_rstd = take(N);
+        a.fc = take(N * fc_width);
+        a.fc_act = take(N * F);
+        a.res3 = take(N * C);
+    }
+    lnf_ = take(N * C);
+    lnf_mean_ = take(N);
+    lnf_rstd_ = take(N);
+    arena_ = core::Tensor({cursor}, DType::f32, MemCategory::activations);
+
+    dres_ = core::Tensor({N, C}, DType::f32, MemCategory::buffers);
+    dnorm_ = core::Tensor({N, C}, DType::f32, MemCategory::buffers);
+    dqkv_ = core::Tensor({N, R}, DType::f32, MemCategory::buffers);
+    datty_ = core::Tensor({N, C}, DType::f32, MemCategory::buffers);
+    dfc_ = core::Tensor({N, fc_width}, DType::f32, MemCategory::buffers);
+    dfc_act_ = core::Tensor({N, F}, DType::f32, MemCategory::buffers);
+    head_scratch_ = core::Tensor({k::lm_head_scratch_floats(N, spec_.vocab_size)}, DType::f32,
+                                 MemCategory::buffers);
+    if (!gpt2) {
+        const int64_t half = spec_.head_size() / 2;
+        rope_cos_ = core::Tensor({max_T_, half}, DType::f32, MemCategory::buffers);
+        rope_sin_ = core::Tensor({max_T_, half}, DType::f32, MemCategory::buffers);
+        k::rope_tables(rope_cos_.f32(), rope_sin_.f32(), max_T_, spec_.head_size(),
+                       spec_.rope_theta);
+    }
+}
+
+void Transformer::init(uint64_t seed) {
+    float* p = params();
+    std::memset(p, 0, size_t(flat_size()) * sizeof(float));
+    const float std_resid = 0.02f / std::sqrt(2.0f * float(spec_.n_layer));
+    for (const auto& e : registry_.entries()) {
+        float* dst = p + e.offset;
+        const int64_t n = e.numel();
+        const bool is_norm = e.name.find("ln_") != std::string::npos ||
+                             e.name.find("layernorm") != std::string::npos ||
+                             e.name.find("norm.weight") != std::string::npos;
+        const bool is_bias = e.shape.size() == 1 && !is_norm;
+        if (is_norm && e.name.ends_with(".bias")) continue;  // LayerNorm bias: 0
+        if (is_norm) {
+            for (int64_t i = 0; i < n; ++i) dst[i] = 1.0f;
+            continue;
+        }
+        if (is_bias) continue;
+        const bool resid = e.name.ends_with("c_proj.weight") || e.name.ends_with("o_proj.weight") ||
+                           e.name.ends_with("down_proj.weight");
+        const float std = resid ? std_resid : 0.02f;
+        // The stream is a hash of the name: layout-independent initialisation.
+        const core::Philox rng(seed, XXH64(e.name.data(), e.name.size(), 0));
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; ++i) dst[i] = rng.normal(uint64_t(i)) * std;
+    }
+}
+
+void Transformer::zero_grads() { grads_.zero(); }
+
+const float* Transformer::head_weight() const {
+    const auto& name = spec_.tie_embeddings
+                           ? (spec_.arch == Arch::gpt2 ? "wte.weight" : "model.embed_tokens.weight")
+                           : "lm_head.weight";
+    return params_.f32() + registry_.get(name).offset;
+}
+
+float* Transformer::head_grad() {
+    const auto& name = spec_.tie_embeddings
+                           ? (spec_.arch == Arch::gpt2 ? "wte.weight" : "model.embed_tokens.weight")
+                           : "lm_head.weight";
+    return grads() + registry_.get(name).offset;
+}
+
+}  // namespace apiary::model

@@ -1,0 +1,47 @@
+#include "optim/adamw.h"
+
+#include <cmath>
+
+#include "kernels/kernels.h"
+
+namespace apiary::optim {
+
+namespace k = apiary::kernels;
+
+AdamW::AdamW(std::vector<ParamRange> ranges, int64_t flat_size, AdamWOptions options)
+    : ranges_(std::move(ranges)),
+      opt_(options),
+      m_({flat_size}, core::DType::f32, core::MemCategory::optimizer),
+      v_({flat_size}, core::DType::f32, core::MemCategory::optimizer) {}
+
+double AdamW::grad_norm(const float* grads) const {
+    double ss = 0.0;
+    for (const auto& r : ranges_) ss += k::sum_squares(grads + r.offset, r.numel);
+    return std::sqrt(ss);
+}
+
+double AdamW::step(float* params, const float* grads, float lr, float grad_scale) {
+    const double norm = grad_norm(grads) * grad_scale;
+    float scale = grad_scale;
+    // torch.nn.utils.clip_grad_norm_'s rule, so runs compare with PyTorch.
+    if (opt_.grad_clip > 0 && norm > opt_.grad_clip) {
+        scale = float(grad_scale * (opt_.grad_clip / (norm + 1e-6)));
+    }
+    ++t_;
+    for (const auto& r : ranges_) {
+        k::adamw_update(params + r.offset, grads + r.offset, m_.f32() + r.offset,
+                        v_.f32() + r.offset, r.numel, lr, opt_.beta1, opt_.beta2, opt_.eps,
+                        r.decay ? opt_.weight_decay : 0.0f, t_, scale);
+    }
+    return norm;
+}
+
+double lr_schedule(int64_t step, int64_t total, int64_t warmup, double peak, double min_lr) {
+    if (warmup > 0 && step < warmup) return peak * double(step + 1) / double(warmup);
+    if (step >= total) return min_lr;
+    const double span = double(std::max<int64_t>(1, total - warmup));
+    const double progress = double(step - warmup) / span;
+    return min_lr + 0.5 * (peak - min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+}  // namespace apiary::optim

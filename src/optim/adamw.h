@@ -1,0 +1,56 @@
+#pragma once
+// AdamW over ranges of flat buffers. optim/ sits below model/, so it knows
+// ranges (offset, length, decay) and not parameter names.
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace apiary::optim {
+
+struct ParamRange {
+    int64_t offset = 0;
+    int64_t numel = 0;
+    bool decay = true;
+};
+
+struct AdamWOptions {
+    float beta1 = 0.9f;
+    float beta2 = 0.95f;
+    float eps = 1e-8f;
+    float weight_decay = 0.1f;
+    float grad_clip = 1.0f;  // global L2 norm; <= 0 disables clipping
+};
+
+class AdamW {
+public:
+    // State (m, v) covers [0, flat_size) in the parameters' layout.
+    AdamW(std::vector<ParamRange> ranges, int64_t flat_size, AdamWOptions options);
+
+    // Global gradient L2 norm over all ranges (double accumulation).
+    double grad_norm(const float* grads) const;
+    // One update at learning rate lr. grads are multiplied by grad_scale and,
+    // if clipping is on and the scaled norm exceeds grad_clip, scaled down to
+    // it. Returns the norm before clipping.
+    double step(float* params, const float* grads, float lr, float grad_scale = 1.0f);
+
+    int64_t step_count() const { return t_; }
+    void set_step_count(int64_t t) { t_ = t; }
+    float* m() { return m_.f32(); }
+    float* v() { return v_.f32(); }
+    int64_t flat_size() const { return m_.numel(); }
+    const AdamWOptions& options() const { return opt_; }
+
+private:
+    std::vector<ParamRange> ranges_;
+    AdamWOptions opt_;
+    core::Tensor m_, v_;
+    int64_t t_ = 0;
+};
+
+// Learning rate at optimizer step `step` (0-based): linear warmup from 0 to
+// peak over warmup steps, then cosine decay to min_lr at total steps.
+double lr_schedule(int64_t step, int64_t total, int64_t warmup, double peak, double min_lr);
+
+}  // namespace apiary::optim

@@ -369,9 +369,9 @@ void add_shared_keys(Schema& s) {
                1.0);
     s.add_real("model.rope_theta", 0.0, "RoPE base, llama only (0: from the preset)", 0.0, 1e9);
 
-    s.add_int("train.batch_size", 8, "micro-batch size B, sequences per rank per micro-step", 1,
+    s.add_int("train.batch_size", 16, "micro-batch size B, sequences per rank per micro-step", 1,
               1 << 20);
-    s.add_int("train.seq_len", 128, "sequence length T of a training sample", 1, 1 << 22);
+    s.add_int("train.seq_len", 256, "sequence length T of a training sample", 1, 1 << 22);
     s.add_int("train.grad_accum", 1, "micro-steps accumulated into one optimizer step", 1,
               1 << 20);
     s.add_string("train.precision", "fp32", "compute precision: fp32, bf16 or fp16",

@@ -122,3 +122,10 @@ void scale_inplace(float* x, int64_t n, float s);
 void add_inplace(float* y, const float* x, int64_t n);
 
 }  // namespace apiary::kernels
+
+namespace apiary::kernels {
+// Measured fp32 GEMM throughput (FLOP/s) of this process's threads on square
+// 1024 matrices, best of repeated runs for about `seconds`: the peak that
+// MFU is reported against on CPU.
+double measure_gemm_peak_flops(double seconds = 0.3);
+}  // namespace apiary::kernels

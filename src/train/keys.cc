@@ -1,0 +1,41 @@
+#include "train/keys.h"
+
+namespace apiary::train {
+
+void add_keys(core::Schema& s) {
+    s.add_int("train.steps", 800, "optimizer steps to run", 1, 1e12);
+    s.add_real("train.lr", 2e-3, "peak learning rate", 0.0, 10.0);
+    s.add_real("train.min_lr", 2e-4, "learning rate at the end of the cosine decay", 0.0, 10.0);
+    s.add_int("train.warmup_steps", 100, "steps of linear warmup from 0 to train.lr", 0, 1e12);
+    s.add_real("train.weight_decay", 0.1,
+               "AdamW decoupled weight decay on matrices and embeddings (not norms, biases)", 0.0,
+               10.0);
+    s.add_real("train.beta1", 0.9, "AdamW first-moment decay", 0.0, 0.999999);
+    s.add_real("train.beta2", 0.95, "AdamW second-moment decay", 0.0, 0.999999999);
+    s.add_real("train.eps", 1e-8, "AdamW epsilon", 0.0, 1.0);
+    s.add_real("train.grad_clip", 1.0, "clip the global gradient L2 norm to this (0: off)", 0.0,
+               1e9);
+    s.add_int("train.seed", 1337, "seed of initialisation and data order", 0, 9.2e18);
+    s.add_int("train.eval_every", 200, "steps between evaluations on the held-out split (0: only "
+              "at the end)", 0, 1e12);
+    s.add_int("train.eval_batches", 16, "micro-batches per evaluation", 1, 1e9);
+    s.add_int("train.log_every", 10, "steps between progress lines and metrics.jsonl records", 1,
+              1e12);
+    s.add_int("train.threads", 0, "compute threads per rank (0: all cores this process may use)",
+              0, 4096);
+    s.add_int("train.ckpt_every", 0, "steps between checkpoints (0: only the final one)", 0, 1e12);
+
+    s.add_string("data.corpus", "kjv",
+                 "training text: 'kjv' (the King James Bible from Debian's bible-kjv-text, "
+                 "dumped by its `bible` command) or the path of a UTF-8 text file");
+    s.add_string("data.tokenizer", "byte", "tokenizer: 'byte' (256 byte values)", {"byte"});
+    s.add_real("data.val_fraction", 0.05,
+               "fraction of the corpus held out for evaluation (every k-th 64 KiB block)", 0.001,
+               0.5);
+
+    s.add_string("run.dir", "runs/default",
+                 "run directory: config.toml, metrics.jsonl, ckpt/ (must be new or empty unless "
+                 "--overwrite)");
+}
+
+}  // namespace apiary::train

@@ -1,0 +1,33 @@
+#pragma once
+// The training loop: the one place where the order of a step is visible.
+//   for each step: for each micro-step: batch -> forward/backward (grads add)
+//                  -> clip -> AdamW at the scheduled LR -> log / eval / save
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/config.h"
+
+namespace apiary::train {
+
+struct TrainSummary {
+    int64_t steps = 0;
+    double final_train_loss = 0.0;
+    double final_eval_loss = 0.0;
+    double unigram_loss = 0.0;  // the corpus's unigram entropy, for comparison
+    double tokens_per_s = 0.0;
+    std::string checkpoint_dir;
+};
+
+// Set from a signal handler: finish the current step, save, stop.
+extern std::atomic<bool> g_stop_requested;
+
+// Validates config, corpus and run directory before writing anything; then
+// trains, logging to stdout and <run.dir>/metrics.jsonl, and saves a final
+// checkpoint. An existing non-empty run directory is an error unless
+// overwrite is set.
+TrainSummary run_training(const core::Config& config, bool overwrite);
+
+}  // namespace apiary::train

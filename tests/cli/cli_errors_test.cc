@@ -1,0 +1,114 @@
+// Bad input through the command line: each a one-line error naming the key,
+// value or file, a non-zero exit, and nothing in an existing run directory
+// overwritten.
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "../cli_util.h"
+
+using namespace apiary::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+class CliErrors : public ::testing::Test {
+protected:
+    void SetUp() override {
+        dir_ = fs::temp_directory_path() /
+               ("apiary_cli_" + std::to_string(::getpid()) + "_" +
+                ::testing::UnitTest::GetInstance()->current_test_info()->name());
+        fs::remove_all(dir_);
+        fs::create_directories(dir_);
+    }
+    void TearDown() override { fs::remove_all(dir_); }
+
+    // `apiary train` with a tiny, fast setup plus extra arguments.
+    CommandResult train(const std::string& extra) {
+        return run_command(apiary_bin() + " train --set run.dir=" + (dir_ / "run").string() +
+                           " --set train.steps=2 --set train.batch_size=2 --set train.seq_len=16 " +
+                           extra);
+    }
+    fs::path dir_;
+};
+
+void expect_error(const CommandResult& r, const std::string& fragment) {
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(fragment), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
+}
+
+}  // namespace
+
+TEST_F(CliErrors, UnknownKeySuggestsTheNearest) {
+    expect_error(train("--set train.lr_max=1"), "unknown config key 'train.lr_max'");
+    expect_error(train("--set model.n_layers=2"), "did you mean 'model.n_layer'");
+}
+
+TEST_F(CliErrors, WrongTypeAndRange) {
+    expect_error(train("--set train.steps=many"), "train.steps must be an integer");
+    expect_error(train("--set train.lr=-1"), "train.lr = -1.0 is out of range");
+}
+
+TEST_F(CliErrors, BadConfigFileNamesFileAndLine) {
+    const fs::path cfg = dir_ / "bad.toml";
+    std::ofstream(cfg) << "[train]\nsteps = 3\nbatch_size = \"x\"\n";
+    const auto r = run_command(apiary_bin() + " train --config " + cfg.string());
+    expect_error(r, "bad.toml:3");
+    expect_error(r, "train.batch_size must be an integer");
+}
+
+TEST_F(CliErrors, InconsistentModelShape) {
+    expect_error(train("--set model.n_head=5"),
+                 "model.n_head = 5 does not divide model.n_embd = 192");
+}
+
+TEST_F(CliErrors, MissingCorpus) {
+    expect_error(train("--set data.corpus=" + (dir_ / "nope.txt").string()), "nope.txt");
+}
+
+TEST_F(CliErrors, ExistingRunIsNotOverwritten) {
+    fs::create_directories(dir_ / "run");
+    std::ofstream(dir_ / "run" / "precious.txt") << "keep";
+    expect_error(train(""), "already holds a run");
+    // A bad config on top of an existing run changes nothing either.
+    expect_error(train("--overwrite --set model.n_head=7"), "does not divide");
+    std::ifstream in(dir_ / "run" / "precious.txt");
+    std::string s;
+    in >> s;
+    EXPECT_EQ(s, "keep");
+}
+
+TEST_F(CliErrors, GenerateWithoutCheckpoint) {
+    expect_error(run_command(apiary_bin() + " generate --run " + (dir_ / "none").string()),
+                 "no such run directory");
+    fs::create_directories(dir_ / "empty");
+    expect_error(run_command(apiary_bin() + " generate --run " + (dir_ / "empty").string()),
+                 "no checkpoint");
+}
+
+TEST_F(CliErrors, GenerateRejectsForeignCheckpoint) {
+    const fs::path ck = dir_ / "foreign" / "ckpt" / "step_00000001";
+    fs::create_directories(ck);
+    std::ofstream(dir_ / "foreign" / "ckpt" / "latest") << "step_00000001";
+    std::ofstream(ck / "meta.json") << R"({"format": "something-else", "version": 1})";
+    expect_error(run_command(apiary_bin() + " generate --run " + (dir_ / "foreign").string()),
+                 "not an apiary checkpoint");
+}
+
+TEST_F(CliErrors, GenerateRejectsTruncatedWeights) {
+    // A real run, then its weights file cut short.
+    ASSERT_EQ(train("").exit_code, 0);
+    const fs::path w = dir_ / "run" / "ckpt" / "step_00000002" / "model.safetensors";
+    ASSERT_TRUE(fs::exists(w));
+    fs::resize_file(w, fs::file_size(w) / 2);
+    expect_error(run_command(apiary_bin() + " generate --run " + (dir_ / "run").string()),
+                 "model.safetensors");
+}
+
+TEST_F(CliErrors, UnsupportedLayoutIsRefusedBeforeWork) {
+    expect_error(train("--set parallel.tp=2"), "parallel.tp = 2");
+    EXPECT_FALSE(fs::exists(dir_ / "run"));
+}

@@ -32,6 +32,7 @@ struct BenchTrainArgs {
     int steps = 5;
     int warmup = 2;
     int threads = 0;
+    std::string precision = "fp32";
     bool json = false;
 };
 
@@ -48,7 +49,8 @@ void bench_train(const BenchTrainArgs& a) {
         throw ConfigError(fmt::format("--seq {} exceeds {}'s max_seq_len {}", a.seq, a.preset,
                                       spec.max_seq_len));
     }
-    model::Transformer m(spec, a.batch, a.seq);
+    const model::Precision precision = model::parse_precision(a.precision);
+    model::Transformer m(spec, a.batch, a.seq, precision);
     m.init(1);
     std::vector<optim::ParamRange> ranges;
     for (const auto& e : m.registry().entries()) ranges.push_back({e.offset, e.numel(), e.decay});
@@ -60,7 +62,10 @@ void bench_train(const BenchTrainArgs& a) {
         tokens[i] = int32_t(rng.below(2 * uint64_t(i), spec.vocab_size));
         targets[i] = int32_t(rng.below(2 * uint64_t(i) + 1, spec.vocab_size));
     }
-    const double peak = kernels::measure_gemm_peak_flops(1.0);
+    // MFU is against the peak of the precision the matmuls run in, measured now.
+    const double peak = precision == model::Precision::bf16
+                            ? kernels::measure_gemm_bf16_peak_flops(1.0)
+                            : kernels::measure_gemm_peak_flops(1.0);
     std::vector<double> times;
     double loss = 0;
     for (int s = 0; s < a.warmup + a.steps; ++s) {
@@ -96,7 +101,7 @@ void bench_train(const BenchTrainArgs& a) {
     cats["allocator_total_peak"] = mem.total_peak;
     cats["process_rss_peak"] = rss;
     const nlohmann::json out = {
-        {"preset", a.preset}, {"batch", a.batch}, {"seq", a.seq}, {"threads", core::num_threads()},
+        {"preset", a.preset}, {"precision", a.precision}, {"batch", a.batch}, {"seq", a.seq}, {"threads", core::num_threads()},
         {"steps", a.steps}, {"step_time_s", step_s},
         {"step_time_min_s", *std::min_element(times.begin(), times.end())},
         {"step_time_max_s", *std::max_element(times.begin(), times.end())},
@@ -107,13 +112,14 @@ void bench_train(const BenchTrainArgs& a) {
         fmt::print("{}\n", out.dump());
         return;
     }
-    fmt::print("bench train {} B={} T={} threads={}\n", a.preset, a.batch, a.seq,
+    fmt::print("bench train {} {} B={} T={} threads={}\n", a.preset, a.precision, a.batch, a.seq,
                core::num_threads());
     fmt::print("  step time   {:.3f} s (median of {}; min {:.3f}, max {:.3f})\n", step_s, a.steps,
                out["step_time_min_s"].get<double>(), out["step_time_max_s"].get<double>());
     fmt::print("  tokens/s    {:.1f}\n", tps);
     fmt::print("  model FLOPs {:.1f} GFLOP/s (6N + attention per token)\n", flops / 1e9);
-    fmt::print("  GEMM peak   {:.1f} GFLOP/s (oneDNN sgemm, measured now)\n", peak / 1e9);
+    fmt::print("  GEMM peak   {:.1f} GFLOP/s (oneDNN {} matmul, measured now)\n", peak / 1e9,
+               precision == model::Precision::bf16 ? "bf16" : "fp32");
     fmt::print("  MFU         {:.1f}%\n", 100 * flops / peak);
     for (int c = 0; c < core::kNumMemCategories; ++c) {
         fmt::print("  peak {:<11} {:>9.1f} MiB\n", core::category_name(core::MemCategory(c)),
@@ -134,6 +140,9 @@ void setup(CLI::App& app) {
     tr->add_option("--steps", a.steps, "timed steps")->check(CLI::Range(1, 1 << 20))->capture_default_str();
     tr->add_option("--warmup", a.warmup, "untimed steps first")->check(CLI::Range(0, 1 << 20))->capture_default_str();
     tr->add_option("--threads", a.threads, "threads (0: all cores)")->capture_default_str();
+    tr->add_option("--precision", a.precision, "fp32, bf16 or fp16 (emulated)")
+        ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+        ->capture_default_str();
     tr->add_flag("--json", a.json, "print one JSON object");
     tr->callback([] { bench_train(a); });
 }

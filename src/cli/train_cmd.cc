@@ -1,8 +1,12 @@
 // `apiary train [--config FILE] [--set key=value ...] [--overwrite]`
 
+#include <fmt/format.h>
+
 #include <csignal>
+#include <filesystem>
 
 #include "cli/command.h"
+#include "core/error.h"
 #include "train/trainer.h"
 
 namespace apiary::cli {
@@ -17,16 +21,33 @@ void setup(CLI::App& app) {
     static std::string config_file;
     static std::vector<std::string> sets;
     static bool overwrite = false;
+    static std::string resume_dir;
     cmd->add_option("--config", config_file, "TOML config file (keys: `apiary config keys`)")
         ->check(CLI::ExistingFile);
     cmd->add_option("--set", sets, "override a config key: --set train.lr=1e-3 (repeatable)");
     cmd->add_flag("--overwrite", overwrite, "replace an existing run directory");
+    cmd->add_option("--resume", resume_dir,
+                    "continue the run in this directory from its latest checkpoint, with its "
+                    "config.toml (plus any --set)");
     cmd->callback([] {
-        const core::Config config = load_config(config_file, sets);
         // Ctrl-C finishes the step, saves a checkpoint and exits cleanly.
         std::signal(SIGINT, on_signal);
         std::signal(SIGTERM, on_signal);
-        train::run_training(config, overwrite);
+        if (!resume_dir.empty()) {
+            if (!config_file.empty() || overwrite) {
+                throw ConfigError("--resume takes the run's own config.toml: do not combine it "
+                                  "with --config or --overwrite");
+            }
+            const std::string cfg = resume_dir + "/config.toml";
+            if (!std::filesystem::exists(cfg)) {
+                throw IoError(fmt::format("{}: missing; is {} a run directory?", cfg, resume_dir));
+            }
+            std::vector<std::string> all = sets;
+            all.push_back("run.dir=" + resume_dir);
+            train::resume_training(load_config(cfg, all));
+            return;
+        }
+        train::run_training(load_config(config_file, sets), overwrite);
     });
 }
 

@@ -129,3 +129,34 @@ namespace apiary::kernels {
 // MFU is reported against on CPU.
 double measure_gemm_peak_flops(double seconds = 0.3);
 }  // namespace apiary::kernels
+
+// ---- reduced precision (bf16 compute, fp16 emulation) ----
+namespace apiary::kernels {
+// C (M, N) fp32 = op(A) op(B) (+ C when beta = 1), A and B bf16, fp32 accumulation.
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
+               int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
+// Round to nearest even into bf16.
+void to_bf16(uint16_t* dst, const float* src, int64_t n);
+// Puts values on the fp16 grid in place (emulated fp16 storage): magnitudes
+// beyond 65504 become inf, as in a real fp16 tensor.
+void round_to_f16(float* x, int64_t n);
+void copy_round_to_f16(float* dst, const float* src, int64_t n);
+// y (N, OUT) = x W^T + b with x (N, IN) and W (OUT, IN) in bf16.
+void linear_forward_bf16(float* y, const uint16_t* x, const uint16_t* weight, const float* bias,
+                         int64_t N, int64_t IN, int64_t OUT);
+// dx (N, IN) = dy W; dweight (OUT, IN) += dy^T x; operands bf16, results fp32.
+// (The bias gradient needs the fp32 dy: use linear_bias_backward.)
+void linear_backward_bf16(float* dx, float* dweight, const uint16_t* dy, const uint16_t* x,
+                          const uint16_t* weight, int64_t N, int64_t IN, int64_t OUT,
+                          bool accumulate_dx = false);
+// dbias (OUT) += column sums of dy (N, OUT).
+void linear_bias_backward(float* dbias, const float* dy, int64_t N, int64_t OUT);
+double measure_gemm_bf16_peak_flops(double seconds = 0.3);
+// lm_head_cross_entropy with bf16 hidden states and head weights; the logit
+// gradients are rounded to bf16 (scratch_bf16: lm_head_scratch_floats
+// elements) for the two backward matmuls.
+double lm_head_cross_entropy_bf16(const uint16_t* h, const uint16_t* W, const int32_t* targets,
+                                  int64_t N, int64_t C, int64_t V, float grad_scale, float* dh,
+                                  float* dW, int64_t* valid, float* scratch,
+                                  int64_t scratch_floats, uint16_t* scratch_bf16);
+}  // namespace apiary::kernels

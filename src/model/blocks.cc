@@ -27,6 +27,7 @@ void Transformer::forward_body(const int32_t* tokens, int64_t B, int64_t T) {
                  "micro-batch (B={}, T={}) exceeds the allocated (B={}, T={})", B, T, max_B_,
                  max_T_);
     const int64_t C = spec_.n_embd, V = spec_.vocab_size;
+    refresh_shadow();
     for (int64_t i = 0; i < B * T; ++i) {
         if (tokens[i] < 0 || tokens[i] >= V) {
             throw DataError(fmt::format("token id {} at position {} is outside the vocabulary "
@@ -63,38 +64,34 @@ void Transformer::block_forward(int l, int64_t B, int64_t T) {
         const std::string p = fmt::format("h.{}.", l);
         k::layernorm_forward(act(a.norm1), act(a.norm1_mean), act(a.norm1_rstd), in,
                              param(p + "ln_1.weight"), param(p + "ln_1.bias"), N, C, eps);
-        k::linear_forward(act(a.qkv), act(a.norm1), param(p + "attn.c_attn.weight"),
-                          param(p + "attn.c_attn.bias"), N, C, 3 * C);
+        lin_fwd(act(a.qkv), act(a.norm1), a.norm1_h, p + "attn.c_attn.weight",
+                p + "attn.c_attn.bias", N, C, 3 * C);
         k::attention_forward(act(a.atty), act(a.lse), act(a.qkv), B, T, NH, NH, HS);
-        k::linear_forward(act(a.res2), act(a.atty), param(p + "attn.c_proj.weight"),
-                          param(p + "attn.c_proj.bias"), N, C, C);
+        lin_fwd(act(a.res2), act(a.atty), a.atty_h, p + "attn.c_proj.weight",
+                p + "attn.c_proj.bias", N, C, C);
         add_to(act(a.res2), in, N * C);
         k::layernorm_forward(act(a.norm2), act(a.norm2_mean), act(a.norm2_rstd), act(a.res2),
                              param(p + "ln_2.weight"), param(p + "ln_2.bias"), N, C, eps);
-        k::linear_forward(act(a.fc), act(a.norm2), param(p + "mlp.c_fc.weight"),
-                          param(p + "mlp.c_fc.bias"), N, C, F);
+        lin_fwd(act(a.fc), act(a.norm2), a.norm2_h, p + "mlp.c_fc.weight", p + "mlp.c_fc.bias", N,
+                C, F);
         k::gelu_forward(act(a.fc_act), act(a.fc), N * F);
-        k::linear_forward(act(a.res3), act(a.fc_act), param(p + "mlp.c_proj.weight"),
-                          param(p + "mlp.c_proj.bias"), N, F, C);
+        lin_fwd(act(a.res3), act(a.fc_act), a.fc_act_h, p + "mlp.c_proj.weight",
+                p + "mlp.c_proj.bias", N, F, C);
     } else {
         const std::string p = fmt::format("model.layers.{}.", l);
         k::rmsnorm_forward(act(a.norm1), act(a.norm1_rstd), in, param(p + "input_layernorm.weight"),
                            N, C, eps);
-        k::linear_forward(act(a.qkv), act(a.norm1), param(p + "self_attn.q_proj.weight"), nullptr,
-                          N, C, R);
+        lin_fwd(act(a.qkv), act(a.norm1), a.norm1_h, p + "self_attn.q_proj.weight", "", N, C, R);
         k::rope_apply(act(a.qkv), rope_cos_.f32(), rope_sin_.f32(), B, T, R, 0, NH, HS, false);
         k::rope_apply(act(a.qkv), rope_cos_.f32(), rope_sin_.f32(), B, T, R, C, KVH, HS, false);
         k::attention_forward(act(a.atty), act(a.lse), act(a.qkv), B, T, NH, KVH, HS);
-        k::linear_forward(act(a.res2), act(a.atty), param(p + "self_attn.o_proj.weight"), nullptr,
-                          N, C, C);
+        lin_fwd(act(a.res2), act(a.atty), a.atty_h, p + "self_attn.o_proj.weight", "", N, C, C);
         add_to(act(a.res2), in, N * C);
         k::rmsnorm_forward(act(a.norm2), act(a.norm2_rstd), act(a.res2),
                            param(p + "post_attention_layernorm.weight"), N, C, eps);
-        k::linear_forward(act(a.fc), act(a.norm2), param(p + "mlp.gate_proj.weight"), nullptr, N,
-                          C, 2 * F);
+        lin_fwd(act(a.fc), act(a.norm2), a.norm2_h, p + "mlp.gate_proj.weight", "", N, C, 2 * F);
         k::swiglu_forward(act(a.fc_act), act(a.fc), N, F);
-        k::linear_forward(act(a.res3), act(a.fc_act), param(p + "mlp.down_proj.weight"), nullptr,
-                          N, F, C);
+        lin_fwd(act(a.res3), act(a.fc_act), a.fc_act_h, p + "mlp.down_proj.weight", "", N, F, C);
     }
     add_to(act(a.res3), act(a.res2), N * C);
 }
@@ -107,45 +104,42 @@ void Transformer::block_backward(int l, int64_t B, int64_t T) {
     float* dres = dres_.f32();
     if (spec_.arch == Arch::gpt2) {
         const std::string p = fmt::format("h.{}.", l);
-        k::linear_backward(dfc_act_.f32(), grad(p + "mlp.c_proj.weight"),
-                           grad(p + "mlp.c_proj.bias"), dres, act(a.fc_act),
-                           param(p + "mlp.c_proj.weight"), N, F, C);
+        lin_bwd(dfc_act_.f32(), p + "mlp.c_proj.weight", p + "mlp.c_proj.bias", dres,
+                act(a.fc_act), a.fc_act_h, N, F, C);
         k::gelu_backward(dfc_.f32(), act(a.fc), dfc_act_.f32(), N * F);
-        k::linear_backward(dnorm_.f32(), grad(p + "mlp.c_fc.weight"), grad(p + "mlp.c_fc.bias"),
-                           dfc_.f32(), act(a.norm2), param(p + "mlp.c_fc.weight"), N, C, F);
+        lin_bwd(dnorm_.f32(), p + "mlp.c_fc.weight", p + "mlp.c_fc.bias", dfc_.f32(), act(a.norm2),
+                a.norm2_h, N, C, F);
         k::layernorm_backward(dres, grad(p + "ln_2.weight"), grad(p + "ln_2.bias"), dnorm_.f32(),
                               act(a.res2), param(p + "ln_2.weight"), act(a.norm2_mean),
                               act(a.norm2_rstd), N, C);
-        k::linear_backward(datty_.f32(), grad(p + "attn.c_proj.weight"),
-                           grad(p + "attn.c_proj.bias"), dres, act(a.atty),
-                           param(p + "attn.c_proj.weight"), N, C, C);
+        lin_bwd(datty_.f32(), p + "attn.c_proj.weight", p + "attn.c_proj.bias", dres, act(a.atty),
+                a.atty_h, N, C, C);
         k::attention_backward(dqkv_.f32(), datty_.f32(), act(a.qkv), act(a.atty), act(a.lse), B,
                               T, NH, NH, HS);
-        k::linear_backward(dnorm_.f32(), grad(p + "attn.c_attn.weight"),
-                           grad(p + "attn.c_attn.bias"), dqkv_.f32(), act(a.norm1),
-                           param(p + "attn.c_attn.weight"), N, C, 3 * C);
+        lin_bwd(dnorm_.f32(), p + "attn.c_attn.weight", p + "attn.c_attn.bias", dqkv_.f32(),
+                act(a.norm1), a.norm1_h, N, C, 3 * C);
         k::layernorm_backward(dres, grad(p + "ln_1.weight"), grad(p + "ln_1.bias"), dnorm_.f32(),
                               in, param(p + "ln_1.weight"), act(a.norm1_mean), act(a.norm1_rstd),
                               N, C);
     } else {
         const std::string p = fmt::format("model.layers.{}.", l);
-        k::linear_backward(dfc_act_.f32(), grad(p + "mlp.down_proj.weight"), nullptr, dres,
-                           act(a.fc_act), param(p + "mlp.down_proj.weight"), N, F, C);
+        lin_bwd(dfc_act_.f32(), p + "mlp.down_proj.weight", "", dres, act(a.fc_act), a.fc_act_h, N,
+                F, C);
         k::swiglu_backward(dfc_.f32(), dfc_act_.f32(), act(a.fc), N, F);
-        k::linear_backward(dnorm_.f32(), grad(p + "mlp.gate_proj.weight"), nullptr, dfc_.f32(),
-                           act(a.norm2), param(p + "mlp.gate_proj.weight"), N, C, 2 * F);
+        lin_bwd(dnorm_.f32(), p + "mlp.gate_proj.weight", "", dfc_.f32(), act(a.norm2), a.norm2_h,
+                N, C, 2 * F);
         k::rmsnorm_backward(dres, grad(p + "post_attention_layernorm.weight"), dnorm_.f32(),
                             act(a.res2), param(p + "post_attention_layernorm.weight"),
                             act(a.norm2_rstd), N, C);
-        k::linear_backward(datty_.f32(), grad(p + "self_attn.o_proj.weight"), nullptr, dres,
-                           act(a.atty), param(p + "self_attn.o_proj.weight"), N, C, C);
+        lin_bwd(datty_.f32(), p + "self_attn.o_proj.weight", "", dres, act(a.atty), a.atty_h, N, C,
+                C);
         k::attention_backward(dqkv_.f32(), datty_.f32(), act(a.qkv), act(a.atty), act(a.lse), B,
                               T, NH, KVH, HS);
         // The rotation's transpose carries the gradient back to pre-RoPE q, k.
         k::rope_apply(dqkv_.f32(), rope_cos_.f32(), rope_sin_.f32(), B, T, R, 0, NH, HS, true);
         k::rope_apply(dqkv_.f32(), rope_cos_.f32(), rope_sin_.f32(), B, T, R, C, KVH, HS, true);
-        k::linear_backward(dnorm_.f32(), grad(p + "self_attn.q_proj.weight"), nullptr, dqkv_.f32(),
-                           act(a.norm1), param(p + "self_attn.q_proj.weight"), N, C, R);
+        lin_bwd(dnorm_.f32(), p + "self_attn.q_proj.weight", "", dqkv_.f32(), act(a.norm1),
+                a.norm1_h, N, C, R);
         k::rmsnorm_backward(dres, grad(p + "input_layernorm.weight"), dnorm_.f32(), in,
                             param(p + "input_layernorm.weight"), act(a.norm1_rstd), N, C);
     }
@@ -177,9 +171,7 @@ LossResult Transformer::forward_backward(const int32_t* tokens, const int32_t* t
     forward_body(tokens, B, T);
     const int64_t N = B * T;
     LossResult r;
-    r.loss_sum = k::lm_head_cross_entropy(act(lnf_), head_weight(), targets, N, spec_.n_embd,
-                                          spec_.vocab_size, grad_scale, dnorm_.f32(), head_grad(),
-                                          &r.count, head_scratch_.f32(), head_scratch_.numel());
+    r.loss_sum = head_forward_backward(targets, N, grad_scale, &r.count);
     backward_body(tokens, B, T);
     return r;
 }

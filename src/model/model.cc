@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -17,8 +18,18 @@ using core::Arch;
 using core::DType;
 using core::MemCategory;
 
-Transformer::Transformer(const core::ModelSpec& spec, int64_t max_B, int64_t max_T)
-    : spec_(spec), max_B_(max_B), max_T_(max_T) {
+Precision parse_precision(const std::string& name) {
+    if (name == "fp32") return Precision::fp32;
+    if (name == "bf16") return Precision::bf16;
+    if (name == "fp16") return Precision::fp16;
+    throw ConfigError(fmt::format("train.precision: unknown precision '{}' (known: fp32, bf16, "
+                                  "fp16)",
+                                  name));
+}
+
+Transformer::Transformer(const core::ModelSpec& spec, int64_t max_B, int64_t max_T,
+                         Precision precision)
+    : spec_(spec), max_B_(max_B), max_T_(max_T), precision_(precision) {
     spec_.validate();
     if (max_T > spec_.max_seq_len) {
         throw ConfigError(fmt::format("train.seq_len = {} exceeds model.max_seq_len = {}", max_T,
@@ -28,6 +39,11 @@ Transformer::Transformer(const core::ModelSpec& spec, int64_t max_B, int64_t max
     build_registry();
     params_ = core::Tensor({registry_.total()}, DType::f32, MemCategory::params);
     grads_ = core::Tensor({registry_.total()}, DType::f32, MemCategory::grads);
+    if (precision_ == Precision::bf16) {
+        shadow_ = core::Tensor({registry_.total()}, DType::bf16, MemCategory::params);
+    } else if (precision_ == Precision::fp16) {
+        shadow_ = core::Tensor({registry_.total()}, DType::f32, MemCategory::params);
+    }
     allocate_activations();
 }
 
@@ -88,27 +104,54 @@ void Transformer::allocate_activations() {
         cursor += (n + 15) / 16 * 16;
         return at;
     };
+    const bool bf16 = precision_ == Precision::bf16;
     encoded_ = take(N * C);
+    // In bf16 mode the fp32 norm outputs and MLP activation are only read by
+    // the next matmul, which keeps its own bf16 copy: they share one
+    // transient region instead of one per block.
+    const int64_t transient = bf16 ? take(N * std::max(C, F)) : 0;
+    int64_t half_cursor = 0;
+    auto take_half = [&](int64_t n) {
+        const int64_t at = half_cursor;
+        half_cursor += (n + 31) / 32 * 32;
+        return at;
+    };
     layer_.resize(spec_.n_layer);
     for (auto& a : layer_) {
-        a.norm1 = take(N * C);
+        a.norm1 = bf16 ? transient : take(N * C);
         a.norm1_mean = take(N);
         a.norm1_rstd = take(N);
         a.qkv = take(N * R);
         a.atty = take(N * C);
         a.lse = take(max_B_ * NH * max_T_);
         a.res2 = take(N * C);
-        a.norm2 = take(N * C);
+        a.norm2 = bf16 ? transient : take(N * C);
         a.norm2_mean = take(N);
         a.norm2_rstd = take(N);
         a.fc = take(N * fc_width);
-        a.fc_act = take(N * F);
+        a.fc_act = bf16 ? transient : take(N * F);
         a.res3 = take(N * C);
+        if (bf16) {
+            a.norm1_h = take_half(N * C);
+            a.atty_h = take_half(N * C);
+            a.norm2_h = take_half(N * C);
+            a.fc_act_h = take_half(N * F);
+        }
     }
     lnf_ = take(N * C);
     lnf_mean_ = take(N);
     lnf_rstd_ = take(N);
+    if (bf16) lnf_h_ = take_half(N * C);
     arena_ = core::Tensor({cursor}, DType::f32, MemCategory::activations);
+    const int64_t widest = std::max({R, fc_width, C, F});
+    if (bf16) {
+        arena_half_ = core::Tensor({half_cursor}, DType::bf16, MemCategory::activations);
+        grad_half_ = core::Tensor({N * widest}, DType::bf16, MemCategory::buffers);
+        head_scratch_half_ = core::Tensor({k::lm_head_scratch_floats(N, spec_.vocab_size)},
+                                          DType::bf16, MemCategory::buffers);
+    } else if (precision_ == Precision::fp16) {
+        grad_half_ = core::Tensor({N * widest}, DType::f32, MemCategory::buffers);
+    }
 
     dres_ = core::Tensor({N, C}, DType::f32, MemCategory::buffers);
     dnorm_ = core::Tensor({N, C}, DType::f32, MemCategory::buffers);
@@ -156,18 +199,94 @@ void Transformer::init(uint64_t seed) {
 
 void Transformer::zero_grads() { grads_.zero(); }
 
-const float* Transformer::head_weight() const {
-    const auto& name = spec_.tie_embeddings
-                           ? (spec_.arch == Arch::gpt2 ? "wte.weight" : "model.embed_tokens.weight")
-                           : "lm_head.weight";
-    return params_.f32() + registry_.get(name).offset;
+const std::string& Transformer::head_name() const {
+    static const std::string wte = "wte.weight", embed = "model.embed_tokens.weight",
+                             head = "lm_head.weight";
+    if (!spec_.tie_embeddings) return head;
+    return spec_.arch == Arch::gpt2 ? wte : embed;
 }
 
-float* Transformer::head_grad() {
-    const auto& name = spec_.tie_embeddings
-                           ? (spec_.arch == Arch::gpt2 ? "wte.weight" : "model.embed_tokens.weight")
-                           : "lm_head.weight";
-    return grads() + registry_.get(name).offset;
+const float* Transformer::head_weight() const { return param(head_name()); }
+
+float* Transformer::head_grad() { return grads() + registry_.get(head_name()).offset; }
+
+void Transformer::refresh_shadow() {
+    if (!shadow_stale_ || precision_ == Precision::fp32) return;
+    if (precision_ == Precision::bf16) {
+        k::to_bf16(shadow_.data<uint16_t>(), params_.f32(), registry_.total());
+    } else {
+        k::copy_round_to_f16(shadow_.f32(), params_.f32(), registry_.total());
+    }
+    shadow_stale_ = false;
+}
+
+void Transformer::lin_fwd(float* y, float* x, int64_t x_half, const std::string& w,
+                          const std::string& b, int64_t N, int64_t IN, int64_t OUT) {
+    const float* bias = b.empty() ? nullptr : param(b);
+    switch (precision_) {
+        case Precision::fp32:
+            k::linear_forward(y, x, param(w), bias, N, IN, OUT);
+            break;
+        case Precision::bf16:
+            k::to_bf16(half(x_half), x, N * IN);
+            k::linear_forward_bf16(y, half(x_half), wh(w), bias, N, IN, OUT);
+            break;
+        case Precision::fp16:
+            k::round_to_f16(x, N * IN);  // the saved input is the fp16 value
+            k::linear_forward(y, x, shadow_.f32() + registry_.get(w).offset, bias, N, IN, OUT);
+            break;
+    }
+}
+
+void Transformer::lin_bwd(float* dx, const std::string& w, const std::string& b, const float* dy,
+                          const float* x, int64_t x_half, int64_t N, int64_t IN, int64_t OUT) {
+    float* dbias = b.empty() ? nullptr : grad(b);
+    switch (precision_) {
+        case Precision::fp32:
+            k::linear_backward(dx, grad(w), dbias, dy, x, param(w), N, IN, OUT);
+            break;
+        case Precision::bf16: {
+            uint16_t* dyh = grad_half_.data<uint16_t>();
+            k::to_bf16(dyh, dy, N * OUT);
+            k::linear_backward_bf16(dx, grad(w), dyh, half(x_half), wh(w), N, IN, OUT);
+            if (dbias) k::linear_bias_backward(dbias, dy, N, OUT);
+            break;
+        }
+        case Precision::fp16: {
+            // The incoming gradient as an fp16 tensor would hold it: an
+            // overflow here is what the loss scaler must catch.
+            float* dyq = grad_half_.f32();
+            k::copy_round_to_f16(dyq, dy, N * OUT);
+            k::linear_backward(dx, grad(w), dbias, dyq, x, shadow_.f32() + registry_.get(w).offset,
+                               N, IN, OUT);
+            break;
+        }
+    }
+}
+
+double Transformer::head_forward_backward(const int32_t* targets, int64_t N, float grad_scale,
+                                          int64_t* count) {
+    const int64_t C = spec_.n_embd, V = spec_.vocab_size;
+    switch (precision_) {
+        case Precision::bf16:
+            k::to_bf16(half(lnf_h_), act(lnf_), N * C);
+            return k::lm_head_cross_entropy_bf16(
+                half(lnf_h_), wh(head_name()), targets, N, C, V, grad_scale, dnorm_.f32(),
+                head_grad(), count, head_scratch_.f32(), head_scratch_.numel(),
+                head_scratch_half_.data<uint16_t>());
+        case Precision::fp16:
+            k::round_to_f16(act(lnf_), N * C);
+            return k::lm_head_cross_entropy(act(lnf_),
+                                            shadow_.f32() + registry_.get(head_name()).offset,
+                                            targets, N, C, V, grad_scale, dnorm_.f32(),
+                                            head_grad(), count, head_scratch_.f32(),
+                                            head_scratch_.numel());
+        case Precision::fp32:
+        default:
+            return k::lm_head_cross_entropy(act(lnf_), head_weight(), targets, N, C, V,
+                                            grad_scale, dnorm_.f32(), head_grad(), count,
+                                            head_scratch_.f32(), head_scratch_.numel());
+    }
 }
 
 }  // namespace apiary::model

@@ -13,6 +13,16 @@
 
 namespace apiary::model {
 
+// Compute precision of the matrix multiplies. Master weights, gradients,
+// norms, softmax, the loss and the optimizer stay fp32 in every mode.
+//   fp32: everything fp32.
+//   bf16: matmul operands (weights, saved inputs, incoming gradients) in bf16
+//         with fp32 accumulation; the saved matmul inputs are stored in bf16.
+//   fp16: emulated: matmul operands rounded to the fp16 grid (inf beyond
+//         65504), fp32 arithmetic. What matters is the loss scaler's logic.
+enum class Precision { fp32, bf16, fp16 };
+Precision parse_precision(const std::string& name);  // throws ConfigError
+
 struct LossResult {
     double loss_sum = 0.0;  // summed cross-entropy over counted tokens (nats)
     int64_t count = 0;      // tokens with a target >= 0
@@ -23,15 +33,21 @@ class Transformer {
 public:
     // Allocates parameters, gradients and activations for micro-batches up to
     // (max_B, max_T); max_T may not exceed spec.max_seq_len.
-    Transformer(const core::ModelSpec& spec, int64_t max_B, int64_t max_T);
+    Transformer(const core::ModelSpec& spec, int64_t max_B, int64_t max_T,
+                Precision precision = Precision::fp32);
 
     const core::ModelSpec& spec() const { return spec_; }
     const ParamRegistry& registry() const { return registry_; }
-    float* params() { return params_.f32(); }
+    // Mutable access marks the reduced-precision weight copy stale; the next
+    // forward refreshes it.
+    float* params() {
+        shadow_stale_ = true;
+        return params_.f32();
+    }
     const float* params() const { return params_.f32(); }
     float* grads() { return grads_.f32(); }
     int64_t flat_size() const { return registry_.total(); }
-    float* param(const std::string& name) { return params() + registry_.get(name).offset; }
+    Precision precision() const { return precision_; }
     float* grad(const std::string& name) { return grads() + registry_.get(name).offset; }
 
     // GPT-2 initialisation: N(0, 0.02), output projections N(0, 0.02/sqrt(2L)),
@@ -66,9 +82,27 @@ private:
     void block_backward(int l, int64_t B, int64_t T);
     const float* head_weight() const;
     float* head_grad();
+    const std::string& head_name() const;
+    const float* param(const std::string& name) const {
+        return params_.f32() + registry_.get(name).offset;
+    }
+    // Matrix multiplies in the model's precision. x is the fp32 input;
+    // x_half the offset of its bf16 copy in arena_half_ (bf16 mode). The
+    // backward takes the same x / x_half the forward saved.
+    void lin_fwd(float* y, float* x, int64_t x_half, const std::string& w, const std::string& b,
+                 int64_t N, int64_t IN, int64_t OUT);
+    void lin_bwd(float* dx, const std::string& w, const std::string& b, const float* dy,
+                 const float* x, int64_t x_half, int64_t N, int64_t IN, int64_t OUT);
+    void refresh_shadow();
+    double head_forward_backward(const int32_t* targets, int64_t N, float grad_scale,
+                                 int64_t* count);
 
     core::ModelSpec spec_;
     int64_t max_B_, max_T_;
+    Precision precision_;
+    // Weights in compute precision: bf16 (uint16) or fp16-rounded fp32.
+    core::Tensor shadow_;
+    bool shadow_stale_ = true;
     ParamRegistry registry_;
     core::Tensor params_, grads_;
 
@@ -78,7 +112,17 @@ private:
     struct LayerOffsets {
         int64_t norm1, norm1_mean, norm1_rstd, qkv, atty, lse, res2, norm2, norm2_mean, norm2_rstd,
             fc, fc_act, res3;
+        // bf16 copies of the matmul inputs (bf16 mode only).
+        int64_t norm1_h = 0, atty_h = 0, norm2_h = 0, fc_act_h = 0;
     };
+    core::Tensor arena_half_;          // bf16 saved activations
+    core::Tensor grad_half_;           // bf16 (or fp16-rounded) copy of an incoming gradient
+    core::Tensor head_scratch_half_;   // bf16 logit gradients of one row block
+    int64_t lnf_h_ = 0;
+    uint16_t* half(int64_t offset) { return arena_half_.data<uint16_t>() + offset; }
+    const uint16_t* wh(const std::string& name) const {
+        return shadow_.data<uint16_t>() + registry_.get(name).offset;
+    }
     std::vector<LayerOffsets> layer_;
     int64_t encoded_ = 0, lnf_ = 0, lnf_mean_ = 0, lnf_rstd_ = 0;
     // Backward scratch shared by all blocks.

@@ -20,8 +20,9 @@ double AdamW::grad_norm(const float* grads) const {
     return std::sqrt(ss);
 }
 
-double AdamW::step(float* params, const float* grads, float lr, float grad_scale) {
-    const double norm = grad_norm(grads) * grad_scale;
+double AdamW::step(float* params, const float* grads, float lr, float grad_scale,
+                   double raw_norm) {
+    const double norm = (raw_norm >= 0 ? raw_norm : grad_norm(grads)) * grad_scale;
     float scale = grad_scale;
     // torch.nn.utils.clip_grad_norm_'s rule, so runs compare with PyTorch.
     if (opt_.grad_clip > 0 && norm > opt_.grad_clip) {

@@ -33,7 +33,9 @@ public:
     // One update at learning rate lr. grads are multiplied by grad_scale and,
     // if clipping is on and the scaled norm exceeds grad_clip, scaled down to
     // it. Returns the norm before clipping.
-    double step(float* params, const float* grads, float lr, float grad_scale = 1.0f);
+    // raw_norm, if >= 0, is grad_norm(grads) already computed by the caller.
+    double step(float* params, const float* grads, float lr, float grad_scale = 1.0f,
+                double raw_norm = -1.0);
 
     int64_t step_count() const { return t_; }
     void set_step_count(int64_t t) { t_ = t; }

@@ -25,6 +25,16 @@ void add_keys(core::Schema& s) {
               0, 4096);
     s.add_int("train.ckpt_every", 0, "steps between checkpoints (0: only the final one)", 0, 1e12);
 
+    s.add_real("train.loss_scale_init", 65536.0, "fp16: initial dynamic loss scale", 1.0, 1e30);
+    s.add_int("train.loss_scale_growth_interval", 1000,
+              "fp16: clean steps before the loss scale doubles", 1, 1e12);
+    s.add_real("train.loss_scale_min", 1.0,
+               "fp16: the run stops with an error if the loss scale falls below this", 1e-30,
+               1e30);
+    s.add_string("debug.inject_overflow_steps", "",
+                 "testing hook: comma-separated steps (1-based) whose gradients are made "
+                 "non-finite, to exercise the overflow path");
+
     s.add_string("data.corpus", "kjv",
                  "training text: 'kjv' (the King James Bible from Debian's bible-kjv-text, "
                  "dumped by its `bible` command) or the path of a UTF-8 text file");

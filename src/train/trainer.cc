@@ -7,7 +7,10 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
 
 #include "ckpt/safetensors.h"
 #include "core/allocator.h"
@@ -17,6 +20,7 @@
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "optim/adamw.h"
+#include "optim/loss_scaler.h"
 #include "train/checkpoint.h"
 #include "train/corpus.h"
 
@@ -29,6 +33,8 @@ using Clock = std::chrono::steady_clock;
 std::atomic<bool> g_stop_requested{false};
 
 namespace {
+
+constexpr int kByteVocab = 256;
 
 double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -71,33 +77,36 @@ void validate_layout(const core::Config& c) {
                                       "available yet; set it to 'none'",
                                       c.get_string("parallel.recompute")));
     }
-    if (c.get_string("train.precision") != "fp32") {
-        throw ConfigError(fmt::format("train.precision = '{}': this build trains in fp32 only",
-                                      c.get_string("train.precision")));
-    }
     if (c.get_real("train.min_lr") > c.get_real("train.lr")) {
         throw ConfigError(fmt::format("train.min_lr = {} exceeds train.lr = {}",
                                       c.get_real("train.min_lr"), c.get_real("train.lr")));
     }
 }
 
-void check_run_dir(const std::string& dir, bool overwrite) {
-    if (dir.empty()) throw ConfigError("run.dir is empty");
-    if (!fs::exists(dir)) return;
-    if (!fs::is_directory(dir)) {
-        throw ConfigError(fmt::format("run.dir '{}' exists and is not a directory", dir));
+std::set<int64_t> parse_step_list(const std::string& text, const char* key) {
+    std::set<int64_t> out;
+    std::stringstream ss(text);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        if (item.empty()) continue;
+        try {
+            size_t used = 0;
+            const int64_t v = std::stoll(item, &used);
+            if (used != item.size() || v < 1) throw std::invalid_argument(item);
+            out.insert(v);
+        } catch (const std::exception&) {
+            throw ConfigError(fmt::format("{} = '{}': '{}' is not a step number (1, 2, ...)", key,
+                                          text, item));
+        }
     }
-    if (!fs::is_empty(dir) && !overwrite) {
-        throw ConfigError(fmt::format("run.dir '{}' already holds a run; pick another with "
-                                      "--set run.dir=PATH, or pass --overwrite to replace it",
-                                      dir));
-    }
+    return out;
 }
 
 class MetricsLog {
 public:
-    explicit MetricsLog(const std::string& path) : out_(path, std::ios::trunc) {
-        if (!out_) throw IoError(fmt::format("{}: cannot create", path));
+    MetricsLog(const std::string& path, bool append)
+        : out_(path, append ? std::ios::app : std::ios::trunc) {
+        if (!out_) throw IoError(fmt::format("{}: cannot open for writing", path));
     }
     void write(const json& j) {
         out_ << j.dump() << '\n';
@@ -108,111 +117,186 @@ private:
     std::ofstream out_;
 };
 
-}  // namespace
-
-TrainSummary run_training(const core::Config& c, bool overwrite) {
-    // ---- validate everything first ----
-    validate_layout(c);
-    core::ModelSpec spec = core::model_spec_from(c);
-    constexpr int kByteVocab = 256;
-    if (c.get_int("model.vocab_size") == 0) spec.vocab_size = kByteVocab;
-    if (spec.vocab_size < kByteVocab) {
-        throw ConfigError(fmt::format("model.vocab_size = {} is smaller than the byte tokenizer's "
-                                      "256 ids",
-                                      spec.vocab_size));
+// One training run: built (and fully validated) by the constructor, driven
+// by run(). Resuming is the same object with state loaded before run().
+class Trainer {
+public:
+    explicit Trainer(const core::Config& c)
+        : c_(c),
+          spec_(resolve_spec(c)),
+          B_(c.get_int("train.batch_size")),
+          T_(c.get_int("train.seq_len")),
+          accum_(c.get_int("train.grad_accum")),
+          steps_(c.get_int("train.steps")),
+          seed_(uint64_t(c.get_int("train.seed"))),
+          run_dir_(c.get_string("run.dir")),
+          precision_(model::parse_precision(c.get_string("train.precision"))),
+          inject_(parse_step_list(c.get_string("debug.inject_overflow_steps"),
+                                  "debug.inject_overflow_steps")),
+          corpus_(c.get_string("data.corpus"), c.get_real("data.val_fraction"), T_ + 1),
+          model_(spec_, B_, T_, precision_),
+          adam_(ranges(model_), model_.flat_size(),
+                {float(c.get_real("train.beta1")), float(c.get_real("train.beta2")),
+                 float(c.get_real("train.eps")), float(c.get_real("train.weight_decay")),
+                 float(c.get_real("train.grad_clip"))}),
+          scaler_({c.get_real("train.loss_scale_init"), 2.0, 0.5,
+                   c.get_int("train.loss_scale_growth_interval"),
+                   c.get_real("train.loss_scale_min")},
+                  precision_ == model::Precision::fp16) {
+        tokens_.resize(size_t(B_ * T_));
+        targets_.resize(size_t(B_ * T_));
     }
-    const int64_t B = c.get_int("train.batch_size"), T = c.get_int("train.seq_len");
-    const int64_t accum = c.get_int("train.grad_accum"), steps = c.get_int("train.steps");
-    if (T > spec.max_seq_len) {
-        throw ConfigError(fmt::format("train.seq_len = {} exceeds the model's max_seq_len = {} "
-                                      "(raise model.max_seq_len)",
-                                      T, spec.max_seq_len));
+
+    void init_fresh() { model_.init(seed_); }
+
+    // Loads weights, optimizer state, loss scaler and step from a checkpoint.
+    void load(const CheckpointRef& ck) {
+        load_weights(ck, model_);
+        const std::string opath = (fs::path(ck.dir) / "optimizer.safetensors").string();
+        const ckpt::SafetensorsFile opt(opath);
+        for (const auto& e : model_.registry().entries()) {
+            opt.read_f32("m." + e.name, e.shape, adam_.m() + e.offset);
+            opt.read_f32("v." + e.name, e.shape, adam_.v() + e.offset);
+        }
+        const auto it = opt.metadata().find("step_count");
+        if (it == opt.metadata().end()) {
+            throw IoError(fmt::format("{}: metadata has no step_count", opath));
+        }
+        adam_.set_step_count(std::stoll(it->second));
+        if (ck.meta.contains("loss_scaler")) scaler_.restore(ck.meta["loss_scaler"]);
+        start_step_ = ck.step;
+        if (start_step_ >= steps_) {
+            throw ConfigError(fmt::format("{}: the run already reached step {} of train.steps = {}; "
+                                          "raise it with --set train.steps=N to train further",
+                                          run_dir_, start_step_, steps_));
+        }
     }
-    const std::string run_dir = c.get_string("run.dir");
-    check_run_dir(run_dir, overwrite);
-    core::set_num_threads(int(c.get_int("train.threads")));
-    const ByteCorpus corpus(c.get_string("data.corpus"), c.get_real("data.val_fraction"), T + 1);
 
-    // ---- allocate ----
-    model::Transformer model(spec, B, T);
-    const uint64_t seed = uint64_t(c.get_int("train.seed"));
-    model.init(seed);
-    std::vector<optim::ParamRange> ranges;
-    for (const auto& e : model.registry().entries()) {
-        ranges.push_back({e.offset, e.numel(), e.decay});
+    TrainSummary run(bool append_metrics);
+
+private:
+    static core::ModelSpec resolve_spec(const core::Config& c) {
+        validate_layout(c);
+        core::ModelSpec spec = core::model_spec_from(c);
+        if (c.get_int("model.vocab_size") == 0) spec.vocab_size = kByteVocab;
+        if (spec.vocab_size < kByteVocab) {
+            throw ConfigError(fmt::format("model.vocab_size = {} is smaller than the byte "
+                                          "tokenizer's 256 ids",
+                                          spec.vocab_size));
+        }
+        const int64_t T = c.get_int("train.seq_len");
+        if (T > spec.max_seq_len) {
+            throw ConfigError(fmt::format("train.seq_len = {} exceeds the model's max_seq_len = {} "
+                                          "(raise model.max_seq_len)",
+                                          T, spec.max_seq_len));
+        }
+        core::set_num_threads(int(c.get_int("train.threads")));
+        return spec;
     }
-    optim::AdamW adam(ranges, model.flat_size(),
-                      {float(c.get_real("train.beta1")), float(c.get_real("train.beta2")),
-                       float(c.get_real("train.eps")), float(c.get_real("train.weight_decay")),
-                       float(c.get_real("train.grad_clip"))});
+    static std::vector<optim::ParamRange> ranges(const model::Transformer& m) {
+        std::vector<optim::ParamRange> r;
+        for (const auto& e : m.registry().entries()) r.push_back({e.offset, e.numel(), e.decay});
+        return r;
+    }
+    double evaluate();
+    json checkpoint_meta() const {
+        return {{"tokenizer", c_.get_string("data.tokenizer")},
+                {"config_hash", fmt::format("{:016x}", c_.hash())},
+                {"precision", c_.get_string("train.precision")},
+                {"loss_scaler", scaler_.state()}};
+    }
 
-    // ---- only now touch the run directory ----
-    if (fs::exists(run_dir)) fs::remove_all(run_dir);
-    fs::create_directories(run_dir);
-    const std::string config_text = c.to_toml();
-    ckpt::atomic_write((fs::path(run_dir) / "config.toml").string(), config_text.data(),
-                       config_text.size());
-    MetricsLog metrics((fs::path(run_dir) / "metrics.jsonl").string());
+    const core::Config& c_;
+    core::ModelSpec spec_;
+    int64_t B_, T_, accum_, steps_;
+    uint64_t seed_;
+    std::string run_dir_;
+    model::Precision precision_;
+    std::set<int64_t> inject_;
+    ByteCorpus corpus_;
+    model::Transformer model_;
+    optim::AdamW adam_;
+    optim::LossScaler scaler_;
+    std::vector<int32_t> tokens_, targets_;
+    int64_t start_step_ = 0;
+};
 
-    const double peak = kernels::measure_gemm_peak_flops(0.2);
-    const double flops_per_token = spec.train_flops_per_token(int(T));
-    const int64_t tokens_per_step = B * T * accum;
-    fmt::print("apiary train: {} model, {:.2f}M parameters, {} layers, C={}, V={}\n",
-               core::arch_name(spec.arch), double(spec.num_params()) / 1e6, spec.n_layer,
-               spec.n_embd, spec.vocab_size);
+double Trainer::evaluate() {
+    double loss = 0;
+    int64_t count = 0;
+    for (int64_t i = 0; i < c_.get_int("train.eval_batches"); ++i) {
+        corpus_.batch(true, seed_, 0, i, B_, T_, tokens_.data(), targets_.data());
+        const auto r = model_.evaluate(tokens_.data(), targets_.data(), B_, T_);
+        loss += r.loss_sum;
+        count += r.count;
+    }
+    return loss / double(std::max<int64_t>(1, count));
+}
+
+TrainSummary Trainer::run(bool append_metrics) {
+    MetricsLog metrics((fs::path(run_dir_) / "metrics.jsonl").string(), append_metrics);
+    const double peak = precision_ == model::Precision::bf16
+                            ? kernels::measure_gemm_bf16_peak_flops(0.2)
+                            : kernels::measure_gemm_peak_flops(0.2);
+    const double flops_per_token = spec_.train_flops_per_token(int(T_));
+    const int64_t tokens_per_step = B_ * T_ * accum_;
+    fmt::print("apiary train: {} model, {:.2f}M parameters, {} layers, C={}, V={}, {}\n",
+               core::arch_name(spec_.arch), double(spec_.num_params()) / 1e6, spec_.n_layer,
+               spec_.n_embd, spec_.vocab_size, c_.get_string("train.precision"));
     fmt::print("  corpus {}: {:.2f} MB train, {:.2f} MB held out; unigram loss {:.3f} nats\n",
-               corpus.source(), double(corpus.train_size()) / 1e6, double(corpus.val_size()) / 1e6,
-               corpus.unigram_entropy());
-    fmt::print("  {} steps x {} tokens (B={} T={} accum={}), {} threads, GEMM peak {:.0f} GFLOP/s\n",
-               steps, tokens_per_step, B, T, accum, core::num_threads(), peak / 1e9);
-    fmt::print("  run directory {}\n", run_dir);
+               corpus_.source(), double(corpus_.train_size()) / 1e6,
+               double(corpus_.val_size()) / 1e6, corpus_.unigram_entropy());
+    fmt::print("  {} steps x {} tokens (B={} T={} accum={}), {} threads, matmul peak {:.0f} "
+               "GFLOP/s\n",
+               steps_, tokens_per_step, B_, T_, accum_, core::num_threads(), peak / 1e9);
+    fmt::print("  run directory {}{}\n", run_dir_,
+               start_step_ ? fmt::format(", resuming after step {}", start_step_) : "");
     std::fflush(stdout);
 
-    std::vector<int32_t> tokens(size_t(B * T)), targets(size_t(B * T));
-    auto evaluate = [&](int64_t step) {
-        double loss = 0;
-        int64_t count = 0;
-        for (int64_t i = 0; i < c.get_int("train.eval_batches"); ++i) {
-            corpus.batch(true, seed, 0, i, B, T, tokens.data(), targets.data());
-            const auto r = model.evaluate(tokens.data(), targets.data(), B, T);
-            loss += r.loss_sum;
-            count += r.count;
-        }
-        const double mean = loss / double(std::max<int64_t>(1, count));
-        metrics.write({{"step", step}, {"eval_loss", mean}});
-        return mean;
-    };
-
     TrainSummary summary;
-    summary.unigram_loss = corpus.unigram_entropy();
-    const int64_t warmup = c.get_int("train.warmup_steps");
-    const double lr_peak = c.get_real("train.lr"), lr_min = c.get_real("train.min_lr");
-    const int64_t log_every = c.get_int("train.log_every"), eval_every = c.get_int("train.eval_every");
-    const int64_t ckpt_every = c.get_int("train.ckpt_every");
+    summary.unigram_loss = corpus_.unigram_entropy();
+    const int64_t warmup = c_.get_int("train.warmup_steps");
+    const double lr_peak = c_.get_real("train.lr"), lr_min = c_.get_real("train.min_lr");
+    const int64_t log_every = c_.get_int("train.log_every");
+    const int64_t eval_every = c_.get_int("train.eval_every");
+    const int64_t ckpt_every = c_.get_int("train.ckpt_every");
     const bool tty = ::isatty(STDOUT_FILENO);
     const auto t_start = Clock::now();
     double window_loss = 0, window_time = 0;
     int64_t window_steps = 0;
     double last_eval = NAN;
-    int64_t step = 0;
-    auto extra_meta = [&] {
-        return json{{"tokenizer", c.get_string("data.tokenizer")},
-                    {"config_hash", fmt::format("{:016x}", c.hash())}};
-    };
-    for (; step < steps && !g_stop_requested.load(); ++step) {
+    int64_t step = start_step_;
+    for (; step < steps_ && !g_stop_requested.load(); ++step) {
         const auto t0 = Clock::now();
-        model.zero_grads();
+        model_.zero_grads();
         double loss_sum = 0;
         int64_t count = 0;
-        const float grad_scale = 1.0f / float(B * T * accum);
-        for (int64_t micro = 0; micro < accum; ++micro) {
-            corpus.batch(false, seed, step, micro, B, T, tokens.data(), targets.data());
-            const auto r = model.forward_backward(tokens.data(), targets.data(), B, T, grad_scale);
+        // fp16: the loss (and so every gradient) is multiplied by the scale.
+        const double scale = scaler_.scale();
+        const float grad_scale = float(scale / double(B_ * T_ * accum_));
+        for (int64_t micro = 0; micro < accum_; ++micro) {
+            corpus_.batch(false, seed_, step, micro, B_, T_, tokens_.data(), targets_.data());
+            const auto r = model_.forward_backward(tokens_.data(), targets_.data(), B_, T_,
+                                                   grad_scale);
             loss_sum += r.loss_sum;
             count += r.count;
         }
-        const double lr = optim::lr_schedule(step, steps, warmup, lr_peak, lr_min);
-        const double grad_norm = adam.step(model.params(), model.grads(), float(lr));
+        if (inject_.count(step + 1)) model_.grads()[0] = std::numeric_limits<float>::infinity();
+        const double raw_norm = adam_.grad_norm(model_.grads());
+        const bool overflow = !std::isfinite(raw_norm);
+        const double lr = optim::lr_schedule(step, steps_, warmup, lr_peak, lr_min);
+        const bool apply = scaler_.update(overflow, step + 1);
+        if (apply) {
+            adam_.step(model_.params(), model_.grads(), float(lr), float(1.0 / scale), raw_norm);
+        } else if (!scaler_.enabled()) {
+            throw Error(fmt::format("non-finite gradients at step {} (norm {}): training "
+                                    "diverged; lower train.lr (now {}) or raise "
+                                    "train.warmup_steps",
+                                    step + 1, raw_norm, lr_peak));
+        } else {
+            fmt::print("{}step {}: fp16 gradients overflowed; step skipped, loss scale now {}\n",
+                       tty ? "\r\033[K" : "", step + 1, scaler_.scale());
+        }
         const double dt = seconds_since(t0);
         const double loss = loss_sum / double(count);
         if (!std::isfinite(loss)) {
@@ -223,25 +307,37 @@ TrainSummary run_training(const core::Config& c, bool overwrite) {
         window_loss += loss;
         window_time += dt;
         window_steps += 1;
-        const bool last = step + 1 == steps;
-        if ((eval_every > 0 && (step + 1) % eval_every == 0) || last) last_eval = evaluate(step + 1);
+        const bool last = step + 1 == steps_;
+        if ((eval_every > 0 && (step + 1) % eval_every == 0) || last) {
+            last_eval = evaluate();
+            metrics.write({{"step", step + 1}, {"eval_loss", last_eval}});
+        }
         if ((step + 1) % log_every == 0 || last) {
             const double tps = double(tokens_per_step * window_steps) / window_time;
             const double mfu = tps * flops_per_token / peak;
-            const double eta = double(steps - step - 1) * window_time / double(window_steps);
-            metrics.write({{"step", step + 1}, {"loss", window_loss / double(window_steps)},
-                           {"lr", lr}, {"grad_norm", grad_norm},
-                           {"step_time_s", window_time / double(window_steps)},
-                           {"tokens_per_s", tps}, {"mfu", mfu}, {"world_size", 1},
-                           {"tokens", (step + 1) * tokens_per_step},
-                           {"elapsed_s", seconds_since(t_start)}});
+            const double eta = double(steps_ - step - 1) * window_time / double(window_steps);
+            json rec = {{"step", step + 1}, {"loss", window_loss / double(window_steps)},
+                        {"lr", lr}, {"grad_norm", raw_norm / scale},
+                        {"step_time_s", window_time / double(window_steps)},
+                        {"tokens_per_s", tps}, {"mfu", mfu}, {"world_size", 1},
+                        {"tokens", (step + 1) * tokens_per_step},
+                        {"elapsed_s", seconds_since(t_start)}};
+            if (scaler_.enabled()) {
+                rec["loss_scale"] = scaler_.scale();
+                rec["skipped_steps"] = scaler_.skipped_steps();
+                rec["overflows"] = scaler_.overflows();
+            }
+            metrics.write(rec);
             const std::string eval_part =
                 std::isnan(last_eval) ? "" : fmt::format(" | val {:.4f}", last_eval);
-            fmt::print("{}step {:>{}}/{} | loss {:.4f}{} | lr {:.2e} | {} tok/s | MFU {:.1f}% | "
+            const std::string scale_part =
+                scaler_.enabled() ? fmt::format(" | scale {:g}", scaler_.scale()) : "";
+            fmt::print("{}step {:>{}}/{} | loss {:.4f}{} | lr {:.2e}{} | {} tok/s | MFU {:.1f}% | "
                        "ETA {}{}",
-                       tty ? "\r\033[K" : "", step + 1, int(std::to_string(steps).size()), steps,
-                       window_loss / double(window_steps), eval_part, lr, format_rate(tps),
-                       100.0 * mfu, format_duration(eta), tty && !last ? "" : "\n");
+                       tty ? "\r\033[K" : "", step + 1, int(std::to_string(steps_).size()), steps_,
+                       window_loss / double(window_steps), eval_part, lr, scale_part,
+                       format_rate(tps), 100.0 * mfu, format_duration(eta),
+                       tty && !last ? "" : "\n");
             std::fflush(stdout);
             summary.final_train_loss = window_loss / double(window_steps);
             summary.tokens_per_s = tps;
@@ -249,22 +345,67 @@ TrainSummary run_training(const core::Config& c, bool overwrite) {
             window_steps = 0;
         }
         if (ckpt_every > 0 && (step + 1) % ckpt_every == 0 && !last) {
-            save_checkpoint(run_dir, step + 1, model, &adam, extra_meta());
+            save_checkpoint(run_dir_, step + 1, model_, &adam_, checkpoint_meta());
         }
     }
     if (g_stop_requested.load()) {
-        fmt::print("\ninterrupted at step {}: saving a checkpoint\n", step);
-        last_eval = evaluate(step);
+        fmt::print("\ninterrupted after step {}: saving a checkpoint (resume with `apiary train "
+                   "--resume {}`)\n",
+                   step, run_dir_);
+        last_eval = evaluate();
     }
     summary.steps = step;
     summary.final_eval_loss = last_eval;
-    summary.checkpoint_dir = save_checkpoint(run_dir, step, model, &adam, extra_meta());
+    summary.skipped_steps = scaler_.skipped_steps();
+    summary.loss_scale = scaler_.scale();
+    summary.checkpoint_dir = save_checkpoint(run_dir_, step, model_, &adam_, checkpoint_meta());
     const auto mem = core::mem_stats();
     fmt::print("done: {} steps in {}, val loss {:.4f} (unigram {:.4f}), peak memory {:.1f} MiB; "
                "checkpoint {}\n",
                step, format_duration(seconds_since(t_start)), last_eval, summary.unigram_loss,
                double(mem.total_peak) / 1048576.0, summary.checkpoint_dir);
     return summary;
+}
+
+void check_run_dir(const std::string& dir, bool overwrite) {
+    if (dir.empty()) throw ConfigError("run.dir is empty");
+    if (!fs::exists(dir)) return;
+    if (!fs::is_directory(dir)) {
+        throw ConfigError(fmt::format("run.dir '{}' exists and is not a directory", dir));
+    }
+    if (!fs::is_empty(dir) && !overwrite) {
+        throw ConfigError(fmt::format("run.dir '{}' already holds a run; pick another with "
+                                      "--set run.dir=PATH, continue it with --resume {}, or pass "
+                                      "--overwrite to replace it",
+                                      dir, dir));
+    }
+}
+
+}  // namespace
+
+TrainSummary run_training(const core::Config& c, bool overwrite) {
+    const std::string run_dir = c.get_string("run.dir");
+    check_run_dir(run_dir, overwrite);
+    // Builds model, corpus and optimizer: every error surfaces here, before
+    // anything in the run directory is touched.
+    Trainer trainer(c);
+    trainer.init_fresh();
+    if (fs::exists(run_dir)) fs::remove_all(run_dir);
+    fs::create_directories(run_dir);
+    const std::string text = c.to_toml();
+    ckpt::atomic_write((fs::path(run_dir) / "config.toml").string(), text.data(), text.size());
+    return trainer.run(false);
+}
+
+TrainSummary resume_training(const core::Config& c) {
+    const std::string run_dir = c.get_string("run.dir");
+    const CheckpointRef ck = latest_checkpoint(run_dir);
+    Trainer trainer(c);
+    trainer.load(ck);
+    // Record the config the run continues with (e.g. a raised train.steps).
+    const std::string text = c.to_toml();
+    ckpt::atomic_write((fs::path(run_dir) / "config.toml").string(), text.data(), text.size());
+    return trainer.run(true);
 }
 
 }  // namespace apiary::train

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/config.h"
 
@@ -18,6 +19,8 @@ struct TrainSummary {
     double final_eval_loss = 0.0;
     double unigram_loss = 0.0;  // the corpus's unigram entropy, for comparison
     double tokens_per_s = 0.0;
+    int64_t skipped_steps = 0;  // fp16 steps skipped for overflow
+    double loss_scale = 1.0;
     std::string checkpoint_dir;
 };
 
@@ -29,5 +32,11 @@ extern std::atomic<bool> g_stop_requested;
 // checkpoint. An existing non-empty run directory is an error unless
 // overwrite is set.
 TrainSummary run_training(const core::Config& config, bool overwrite);
+
+// Continues the run in config's run.dir from its latest checkpoint. The
+// caller builds config from the run's own config.toml plus any overrides
+// (e.g. more train.steps). The resumed run sees the same batches and ends
+// with the same parameters as an uninterrupted one.
+TrainSummary resume_training(const core::Config& config);
 
 }  // namespace apiary::train

@@ -8,6 +8,7 @@
 
 #include <cmath>
 
+#include "core/tensor.h"
 #include "kernel_test_util.h"
 #include "kernels/kernels.h"
 
@@ -341,4 +342,55 @@ TEST(SumSquares, MatchesReference) {
     double ref = 0;
     for (float v : x) ref += double(v) * v;
     EXPECT_NEAR(k::sum_squares(x.data(), n), ref, 1e-6 * ref);
+}
+
+namespace {
+std::vector<uint16_t> bf16_of(const std::vector<float>& v) {
+    std::vector<uint16_t> h(v.size());
+    k::to_bf16(h.data(), v.data(), int64_t(v.size()));
+    return h;
+}
+std::vector<double> f64_of(const std::vector<uint16_t>& h) {
+    std::vector<double> d(h.size());
+    for (size_t i = 0; i < h.size(); ++i) d[i] = apiary::core::bf16_to_f32(h[i]);
+    return d;
+}
+}  // namespace
+
+TEST(Bf16, ConversionRoundsToNearestEven) {
+    const auto x = random_vec(37, 50);
+    const auto h = bf16_of(x);
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(h[i], apiary::core::f32_to_bf16(x[i]));
+}
+
+// bf16 inputs are exact in fp64, so the only error left is fp32 accumulation.
+TEST(Bf16, LinearForwardAndBackwardMatchReferenceOnBf16Inputs) {
+    const int N = 9, IN = 21, OUT = 13;
+    const auto xh = bf16_of(random_vec(N * IN, 51)), wh = bf16_of(random_vec(OUT * IN, 52));
+    const auto b = random_vec(OUT, 53);
+    const auto dyh = bf16_of(random_vec(N * OUT, 54));
+    std::vector<float> y(N * OUT);
+    k::linear_forward_bf16(y.data(), xh.data(), wh.data(), b.data(), N, IN, OUT);
+    const auto x64 = f64_of(xh), w64 = f64_of(wh), dy64 = f64_of(dyh);
+    EXPECT_LT(rel_error(y, ref_linear(x64, w64, to_f64(b), N, IN, OUT)), kFwdTol);
+    std::vector<float> dx(N * IN), dw(OUT * IN, 0.0f);
+    k::linear_backward_bf16(dx.data(), dw.data(), dyh.data(), xh.data(), wh.data(), N, IN, OUT);
+    std::vector<double> rdx(N * IN, 0.0), rdw(OUT * IN, 0.0);
+    for (int n = 0; n < N; ++n)
+        for (int o = 0; o < OUT; ++o)
+            for (int i = 0; i < IN; ++i) {
+                rdx[n * IN + i] += dy64[n * OUT + o] * w64[o * IN + i];
+                rdw[o * IN + i] += dy64[n * OUT + o] * x64[n * IN + i];
+            }
+    EXPECT_LT(rel_error(dx, rdx), kFwdTol);
+    EXPECT_LT(rel_error(dw, rdw), kFwdTol);
+}
+
+TEST(F16Emulation, RoundsToTheHalfGridAndOverflowsToInf) {
+    std::vector<float> x = {1.0f + 1.0f / 4096, 70000.0f, -3.0f, 1e-8f};
+    k::round_to_f16(x.data(), int64_t(x.size()));
+    EXPECT_EQ(x[0], 1.0f);
+    EXPECT_TRUE(std::isinf(x[1]));
+    EXPECT_EQ(x[2], -3.0f);
+    EXPECT_EQ(x[3], 0.0f);  // below the smallest fp16 subnormal
 }

@@ -25,6 +25,43 @@ constexpr int64_t kRows = 128;
 
 int64_t lm_head_scratch_floats(int64_t N, int64_t V) { return std::min(N, kRows) * V; }
 
+namespace {
+
+// Turns a block of logits (rn, V) into per-row losses and, if want_grad,
+// into d(loss_sum * grad_scale)/dlogits in place; rows with target < 0 count
+// nothing and get zero gradient.
+void softmax_xent_block(float* logits, const int32_t* targets, int64_t rn, int64_t V,
+                        float grad_scale, bool want_grad, double* loss_sum, int64_t* count) {
+    double block_loss = 0.0;
+    int64_t block_count = 0;
+#pragma omp parallel for schedule(static) reduction(+ : block_loss, block_count)
+    for (int64_t r = 0; r < rn; ++r) {
+        float* row = logits + r * V;
+        const int32_t target = targets[r];
+        if (target < 0) {
+            if (want_grad) std::fill_n(row, V, 0.0f);
+            continue;
+        }
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t v = 0; v < V; ++v) mx = std::max(mx, row[v]);
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t v = 0; v < V; ++v) sum += detail::fast_exp(row[v] - mx);
+        const float lse = mx + std::log(sum);
+        block_loss += double(lse) - double(row[target]);
+        block_count += 1;
+        if (want_grad) {
+#pragma omp simd
+            for (int64_t v = 0; v < V; ++v) row[v] = detail::fast_exp(row[v] - lse) * grad_scale;
+            row[target] -= grad_scale;
+        }
+    }
+    *loss_sum += block_loss;
+    *count += block_count;
+}
+
+}  // namespace
+
 double lm_head_cross_entropy(const float* h, const float* W, const int32_t* targets, int64_t N,
                              int64_t C, int64_t V, float grad_scale, float* dh, float* dW,
                              int64_t* valid, float* scratch, int64_t scratch_floats) {
@@ -36,35 +73,36 @@ double lm_head_cross_entropy(const float* h, const float* W, const int32_t* targ
         const int64_t rn = std::min(rows, N - r0);
         float* logits = scratch;  // (rn, V)
         gemm(false, true, rn, V, C, h + r0 * C, C, W, C, 0.0f, logits, V);
-        double block_loss = 0.0;
-        int64_t block_count = 0;
-#pragma omp parallel for schedule(static) reduction(+ : block_loss, block_count)
-        for (int64_t r = 0; r < rn; ++r) {
-            float* row = logits + r * V;
-            const int32_t target = targets[r0 + r];
-            if (target < 0) {
-                if (dh) std::fill_n(row, V, 0.0f);
-                continue;
-            }
-            float mx = -std::numeric_limits<float>::infinity();
-            for (int64_t v = 0; v < V; ++v) mx = std::max(mx, row[v]);
-            float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t v = 0; v < V; ++v) sum += detail::fast_exp(row[v] - mx);
-            const float lse = mx + std::log(sum);
-            block_loss += double(lse) - double(row[target]);
-            block_count += 1;
-            if (dh) {
-#pragma omp simd
-                for (int64_t v = 0; v < V; ++v) row[v] = detail::fast_exp(row[v] - lse) * grad_scale;
-                row[target] -= grad_scale;
-            }
-        }
-        loss_sum += block_loss;
-        count += block_count;
+        softmax_xent_block(logits, targets + r0, rn, V, grad_scale, dh != nullptr, &loss_sum,
+                           &count);
         if (dh) {
             gemm(false, false, rn, C, V, logits, V, W, C, 0.0f, dh + r0 * C, C);
             gemm(true, false, V, C, rn, logits, V, h + r0 * C, C, 1.0f, dW, C);
+        }
+    }
+    if (valid) *valid = count;
+    return loss_sum;
+}
+
+double lm_head_cross_entropy_bf16(const uint16_t* h, const uint16_t* W, const int32_t* targets,
+                                  int64_t N, int64_t C, int64_t V, float grad_scale, float* dh,
+                                  float* dW, int64_t* valid, float* scratch,
+                                  int64_t scratch_floats, uint16_t* scratch_bf16) {
+    const int64_t rows = std::min(N, kRows);
+    APIARY_CHECK(scratch_floats >= rows * V, "lm_head_cross_entropy_bf16: scratch of {} floats, needs {}", scratch_floats, rows * V);
+    double loss_sum = 0.0;
+    int64_t count = 0;
+    for (int64_t r0 = 0; r0 < N; r0 += rows) {
+        const int64_t rn = std::min(rows, N - r0);
+        float* logits = scratch;
+        gemm_bf16(false, true, rn, V, C, h + r0 * C, C, W, C, 0.0f, logits, V);
+        softmax_xent_block(logits, targets + r0, rn, V, grad_scale, dh != nullptr, &loss_sum,
+                           &count);
+        if (dh) {
+            // The logit gradients go back through bf16 matmuls like any other.
+            to_bf16(scratch_bf16, logits, rn * V);
+            gemm_bf16(false, false, rn, C, V, scratch_bf16, V, W, C, 0.0f, dh + r0 * C, C);
+            gemm_bf16(true, false, V, C, rn, scratch_bf16, V, h + r0 * C, C, 1.0f, dW, C);
         }
     }
     if (valid) *valid = count;

@@ -36,19 +36,21 @@ void linear_backward(float* dx, float* dweight, float* dbias, const float* dy, c
                      const float* weight, int64_t N, int64_t IN, int64_t OUT, bool accumulate_dx) {
     if (dx) gemm(false, false, N, IN, OUT, dy, OUT, weight, IN, accumulate_dx ? 1.0f : 0.0f, dx, IN);
     gemm(true, false, OUT, IN, N, dy, OUT, x, IN, 1.0f, dweight, IN);
-    if (dbias) {
-        // Column sums, parallel over column blocks so each thread owns its outputs.
-        constexpr int64_t kCols = 64;
+    if (dbias) linear_bias_backward(dbias, dy, N, OUT);
+}
+
+void linear_bias_backward(float* dbias, const float* dy, int64_t N, int64_t OUT) {
+    // Column sums, parallel over column blocks so each thread owns its outputs.
+    constexpr int64_t kCols = 64;
 #pragma omp parallel for schedule(static)
-        for (int64_t c0 = 0; c0 < OUT; c0 += kCols) {
-            const int64_t c1 = std::min(OUT, c0 + kCols);
-            float acc[kCols] = {};
-            for (int64_t i = 0; i < N; ++i) {
-                const float* row = dy + i * OUT;
-                for (int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
-            }
-            for (int64_t c = c0; c < c1; ++c) dbias[c] += acc[c - c0];
+    for (int64_t c0 = 0; c0 < OUT; c0 += kCols) {
+        const int64_t c1 = std::min(OUT, c0 + kCols);
+        float acc[kCols] = {};
+        for (int64_t i = 0; i < N; ++i) {
+            const float* row = dy + i * OUT;
+            for (int64_t c = c0; c < c1; ++c) acc[c - c0] += row[c];
         }
+        for (int64_t c = c0; c < c1; ++c) dbias[c] += acc[c - c0];
     }
 }
 

@@ -35,9 +35,9 @@ double now_s() {
     return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
 }
 
-void say(int rank, const std::string& line) {
+void say(const std::string& line) {
     // One write per line so that lines of different ranks do not interleave.
-    const std::string text = fmt::format("apiary: rank {}: {}\n", rank, line);
+    const std::string text = fmt::format("apiary: {}\n", line);
     ssize_t ignored = ::write(2, text.data(), text.size());
     (void)ignored;
 }
@@ -127,7 +127,7 @@ void Watchdog::report(uint64_t group_id, int origin, int reason) {
             const GroupSnapshot s = m->snapshot();
             mine["groups"].push_back({{"id", m->id()}, {"name", m->name()},
                                       {"members", m->world_ranks()}, {"state", to_json(s)}});
-            if (m->id() == group_id || s.in_flight) say(world_rank_, dump_line(m->name(), s));
+            if (m->id() == group_id || s.in_flight) say(dump_line(m->name(), s));
         }
     }
     const double deadline = now_s() + kExchangeSeconds;
@@ -140,7 +140,8 @@ void Watchdog::report(uint64_t group_id, int origin, int reason) {
         MPI_Request done_req;
         MPI_Irecv(&done, 1, MPI_CHAR, 0, kTagDone, side_, &done_req);
         if (!wait_until(&done_req, deadline + kExchangeSeconds)) {
-            say(world_rank_, "rank 0 sent no report (dead or stuck); see the lines above");
+            say(fmt::format("rank {}: rank 0 sent no report (dead or stuck); see the lines above",
+                           world_rank_));
         }
         std::fflush(nullptr);
         std::_Exit(1);

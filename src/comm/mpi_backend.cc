@@ -14,8 +14,18 @@ namespace apiary::comm {
 using detail::Engine;
 using detail::MpiWork;
 using detail::mpi_check;
+using detail::CallContext;
+using detail::run_front;
 
 namespace detail {
+
+std::string CallContext::str() const {
+    return fmt::format("{} (rank {}) {}", engine->name, engine->rank, fp->describe());
+}
+
+void mpi_check(int rc, const char* what, const CallContext& context) {
+    if (rc != MPI_SUCCESS) mpi_check(rc, what, context.str());
+}
 
 void mpi_check(int rc, const char* what, const std::string& context) {
     if (rc == MPI_SUCCESS) return;
@@ -46,36 +56,56 @@ void Engine::shutdown() {
         std::lock_guard lock(mu);
         stop = true;
     }
-    cv.notify_all();
+    worker_cv.notify_all();
     if (worker.joinable()) worker.join();
 }
 
+namespace {
+constexpr auto kPoll = std::chrono::microseconds(500);
+constexpr auto kWarm = std::chrono::milliseconds(200);
+}  // namespace
+
 void Engine::enqueue(const std::shared_ptr<MpiWork>& w) {
+    bool wake = false;
     {
         std::lock_guard lock(mu);
         if (stop) throw CommError(fmt::format("{}: {} after the MPI session ended", name,
                                               w->fingerprint().describe()));
+        wake = worker_cold || !queue.empty();
         queue.push_back(w);
+        last_call = std::chrono::steady_clock::now();
     }
-    cv.notify_all();
+    if (wake) worker_cv.notify_one();
+}
+
+// Runs the front call with the lock released; the caller holds `lock` and
+// has checked !busy && !queue.empty().
+void run_front(Engine& e, std::unique_lock<std::mutex>& lock) {
+    auto next = e.queue.front();
+    e.queue.pop_front();
+    e.busy = true;
+    lock.unlock();
+    e.execute(*next);
+    lock.lock();
+    e.busy = false;
+    if (e.waiters > 0) e.done_cv.notify_all();
 }
 
 void Engine::worker_loop() {
     std::unique_lock lock(mu);
     while (true) {
-        cv.wait(lock, [&] { return stop || (!busy && !queue.empty()); });
-        if (queue.empty() || busy) {
-            if (stop) return;
+        if (!busy && !queue.empty()) {
+            run_front(*this, lock);
             continue;
         }
-        auto w = queue.front();
-        queue.pop_front();
-        busy = true;
-        lock.unlock();
-        execute(*w);
-        lock.lock();
-        busy = false;
-        cv.notify_all();
+        if (stop) return;
+        if (std::chrono::steady_clock::now() - last_call < kWarm) {
+            worker_cv.wait_for(lock, kPoll);
+        } else {
+            worker_cold = true;
+            worker_cv.wait(lock);
+            worker_cold = false;
+        }
     }
 }
 
@@ -85,17 +115,12 @@ void Engine::wait_for(MpiWork& w) {
     while (w.state.load(std::memory_order_acquire) < MpiWork::kDone) {
         if (!busy && !queue.empty()) {
             // The worker has not started: run the queue up to our call here.
-            auto next = queue.front();
-            queue.pop_front();
-            busy = true;
-            lock.unlock();
-            execute(*next);
-            lock.lock();
-            busy = false;
-            cv.notify_all();
+            run_front(*this, lock);
             continue;
         }
-        cv.wait(lock);
+        ++waiters;
+        done_cv.wait(lock);
+        --waiters;
     }
 }
 
@@ -107,7 +132,7 @@ void verify_match(Engine& e, const Fingerprint& fp) {
     long long v[4] = {(long long)(h >> 32), (long long)(h & 0xffffffffu), -(long long)(h >> 32),
                       -(long long)(h & 0xffffffffu)};
     mpi_check(MPI_Allreduce(MPI_IN_PLACE, v, 4, MPI_LONG_LONG, MPI_MAX, e.comm),
-              "MPI_Allreduce (match check)", e.name + " " + fp.describe());
+              "MPI_Allreduce (match check)", CallContext{&e, &fp});
     if (v[0] == -v[2] && v[1] == -v[3]) return;
     // Every rank sees the same maxima, so every rank gets here and reports.
     if (auto* w = watchdog()) {
@@ -125,7 +150,7 @@ void Engine::execute(MpiWork& w) {
     monitor->begin(fp);
     try {
         if (options.verify && fp.op != CollOp::split) verify_match(*this, fp);
-        w.run_();
+        w.run(CallContext{this, &fp});
         monitor->end(fp);
         w.state.store(MpiWork::kDone, std::memory_order_release);
     } catch (const std::exception& e) {
@@ -180,7 +205,7 @@ private:
 };
 
 // f32 sum all-reduce of n elements in place, flat or hierarchical.
-void all_reduce_f32(Engine& e, float* data, int64_t n, const std::string& ctx) {
+void all_reduce_f32(Engine& e, float* data, int64_t n, const CallContext& ctx) {
     if (!e.hierarchical.load()) {
         constexpr int64_t kChunk = int64_t(1) << 30;  // MPI counts are int
         for (int64_t off = 0; off < n; off += kChunk) {
@@ -222,7 +247,7 @@ public:
     WorkHandle all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, Tag tag) override {
         check_reducible(dt);
         return submit({CollOp::all_reduce, dt, count, tag}, [e = e_.get(), buf, count, dt, op](
-                                                                 const std::string& ctx) {
+                                                                 const CallContext& ctx) {
             float* data = static_cast<float*>(buf);
             if (dt == DType::bf16) {
                 data = e->scratch.ensure_as<float>(size_t(count));
@@ -240,7 +265,7 @@ public:
         const int n = as_int(recv_count, *e_, "reduce_scatter");
         as_int(recv_count * size(), *e_, "reduce_scatter");
         return submit({CollOp::reduce_scatter, dt, recv_count, tag},
-                      [e = e_.get(), send, recv, n, dt, op](const std::string& ctx) {
+                      [e = e_.get(), send, recv, n, dt, op](const CallContext& ctx) {
             const size_t total = size_t(n) * size_t(e->size);
             float* out = static_cast<float*>(recv);
             if (dt == DType::bf16) {
@@ -273,7 +298,7 @@ public:
         const int n = as_int(send_count, *e_, "all_gather");
         as_int(send_count * size(), *e_, "all_gather");
         return submit({CollOp::all_gather, dt, send_count, tag},
-                      [e = e_.get(), send, recv, n, dt](const std::string& ctx) {
+                      [e = e_.get(), send, recv, n, dt](const CallContext& ctx) {
             const size_t block = size_t(n) * core::dtype_size(dt);
             const bool in_place = static_cast<const char*>(send) ==
                                   static_cast<char*>(recv) + block * size_t(e->rank);
@@ -286,7 +311,7 @@ public:
         check_peer(root);
         const int n = as_int(count, *e_, "broadcast");
         return submit({CollOp::broadcast, dt, count, tag, root},
-                      [e = e_.get(), buf, n, dt, root](const std::string& ctx) {
+                      [e = e_.get(), buf, n, dt, root](const CallContext& ctx) {
             mpi_check(MPI_Bcast(buf, n, mpi_type(dt), root, e->comm), "MPI_Bcast", ctx);
         });
     }
@@ -296,7 +321,7 @@ public:
         const int n = as_int(count, *e_, "all_to_all");
         as_int(count * size(), *e_, "all_to_all");
         return submit({CollOp::all_to_all, dt, count, tag},
-                      [e = e_.get(), send, recv, n, dt](const std::string& ctx) {
+                      [e = e_.get(), send, recv, n, dt](const CallContext& ctx) {
             mpi_check(MPI_Alltoall(send, n, mpi_type(dt), recv, n, mpi_type(dt), e->comm),
                       "MPI_Alltoall", ctx);
         });
@@ -323,7 +348,7 @@ public:
     }
 
     WorkHandle barrier(Tag tag) override {
-        return submit({CollOp::barrier, DType::f32, 0, tag}, [e = e_.get()](const std::string& ctx) {
+        return submit({CollOp::barrier, DType::f32, 0, tag}, [e = e_.get()](const CallContext& ctx) {
             mpi_check(MPI_Barrier(e->comm), "MPI_Barrier", ctx);
         });
     }
@@ -331,7 +356,7 @@ public:
     std::shared_ptr<ProcessGroup> split(int color, int key, const std::string& name) override {
         MPI_Comm child = MPI_COMM_NULL;
         submit({CollOp::split, DType::f32, 0, Tag{}}, [e = e_.get(), color, key, &child](
-                                                          const std::string& ctx) {
+                                                          const CallContext& ctx) {
             mpi_check(MPI_Comm_split(e->comm, color < 0 ? MPI_UNDEFINED : color, key, &child),
                       "MPI_Comm_split", ctx);
         })->wait();
@@ -343,7 +368,16 @@ public:
 
     void reserve_scratch(size_t bytes) override {
         std::unique_lock lock(e_->mu);
-        e_->cv.wait(lock, [&] { return !e_->busy && e_->queue.empty(); });
+        // The scratch belongs to whoever executes; drain the queue first.
+        while (e_->busy || !e_->queue.empty()) {
+            if (!e_->busy) {
+                run_front(*e_, lock);
+                continue;
+            }
+            ++e_->waiters;
+            e_->done_cv.wait(lock);
+            --e_->waiters;
+        }
         e_->scratch.ensure(bytes * 2);  // bf16 widened to f32
         e_->shard.ensure(bytes);
     }
@@ -363,10 +397,7 @@ private:
     template <class Fn>
     WorkHandle submit(Fingerprint fp, Fn fn) {
         fp.seq = e_->seq++;
-        std::string ctx = fmt::format("{} (rank {}) {}", e_->name, e_->rank, fp.describe());
-        auto w = std::make_shared<MpiWork>(fp, e_, [fn = std::move(fn), ctx = std::move(ctx)] {
-            fn(ctx);
-        });
+        std::shared_ptr<MpiWork> w = std::make_shared<detail::MpiWorkFn<Fn>>(fp, e_, std::move(fn));
         e_->enqueue(w);
         return w;
     }

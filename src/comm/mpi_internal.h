@@ -5,6 +5,7 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -25,6 +26,16 @@ namespace apiary::comm::detail {
 void mpi_check(int rc, const char* what, const std::string& context);
 
 class MpiWork;
+struct Engine;
+
+// Names the call in an error message; formatted only when there is an error,
+// so that the fast path allocates nothing for it.
+struct CallContext {
+    const Engine* engine;
+    const Fingerprint* fp;
+    std::string str() const;
+};
+void mpi_check(int rc, const char* what, const CallContext& context);
 
 // Everything one MPI process group owns; shared with its Work handles so a
 // handle outlives nothing it points to.
@@ -39,11 +50,21 @@ struct Engine {
     CommOptions options;
     std::shared_ptr<GroupMonitor> monitor;
 
+    // Who runs a call: the worker thread, or a caller that waits on a call
+    // the worker has not started (it then runs the queue up to its call). To
+    // keep issue-then-wait as cheap as a plain MPI call, enqueue does not wake
+    // the worker while it is "warm" (it polls the queue every kPoll for a
+    // while after the last call; a woken thread on a busy machine costs more
+    // than the call); a cold worker, or a second queued call, is woken at once.
     std::mutex mu;
-    std::condition_variable cv;
+    std::condition_variable worker_cv;  // the worker sleeps here
+    std::condition_variable done_cv;    // waiters sleep here
     std::deque<std::shared_ptr<MpiWork>> queue;
     bool busy = false;  // a thread is executing a call of this group
     bool stop = false;
+    bool worker_cold = true;
+    int waiters = 0;
+    std::chrono::steady_clock::time_point last_call{};
     std::thread worker;
     uint64_t seq = 0, p2p_seq = 0;
 
@@ -61,10 +82,14 @@ struct Engine {
     void shutdown();
 };
 
+// Runs the front call of e's queue with the lock released; the caller holds
+// `lock` and has checked !e.busy && !e.queue.empty().
+void run_front(Engine& e, std::unique_lock<std::mutex>& lock);
+
 class MpiWork : public Work {
 public:
-    MpiWork(Fingerprint fp, std::shared_ptr<Engine> engine, std::function<void()> run)
-        : Work(fp), engine_(std::move(engine)), run_(std::move(run)) {}
+    MpiWork(Fingerprint fp, std::shared_ptr<Engine> engine)
+        : Work(fp), engine_(std::move(engine)) {}
     bool test() override;
     void wait() override;
 
@@ -72,10 +97,23 @@ public:
     std::atomic<int> state{kQueued};
     std::string error;
 
+    // The MPI calls of this collective; run by whichever thread executes it.
+    virtual void run(const CallContext& ctx) = 0;
+
 private:
-    friend struct Engine;
     std::shared_ptr<Engine> engine_;
-    std::function<void()> run_;
+};
+
+// The call's closure lives inside the Work: one allocation per call.
+template <class Fn>
+class MpiWorkFn final : public MpiWork {
+public:
+    MpiWorkFn(Fingerprint fp, std::shared_ptr<Engine> engine, Fn fn)
+        : MpiWork(fp, std::move(engine)), fn_(std::move(fn)) {}
+    void run(const CallContext& ctx) override { fn_(ctx); }
+
+private:
+    Fn fn_;
 };
 
 // The per-process watchdog and its side channel (a duplicate of the world

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -204,8 +205,86 @@ private:
     std::string context_;
 };
 
+// Large messages take apiary's own ring algorithms, whose temporary chunks
+// live in the group's persistent scratch. MPI's own algorithms malloc a
+// message-sized temporary per call, and above glibc's 32 MiB mmap ceiling
+// every call then maps fresh pages and faults them in: on the VMs we run on
+// that made a 64 MiB MPI_Allreduce ~50x slower than the wire allows.
+// Where the ring starts to pay (measured with `apiary bench comm`, 2 ranks):
+// all-reduce from 16 MiB (MPI's own is as fast below, and its temporary still
+// comes from the heap), reduce-scatter from 4 MiB of input.
+constexpr int64_t kRingAllReduceBytes = int64_t(16) << 20;
+constexpr int64_t kRingReduceScatterBytes = int64_t(4) << 20;
+
+struct Chunks {
+    std::vector<int64_t> off, len;
+};
+
+// n nearly equal chunks of total elements (the first total % n get one more).
+Chunks even_chunks(int64_t total, int n) {
+    Chunks c;
+    for (int i = 0, o = 0; i < n; ++i) {
+        const int64_t l = total / n + (i < total % n ? 1 : 0);
+        c.off.push_back(o);
+        c.len.push_back(l);
+        o += int(l);
+    }
+    return c;
+}
+
+// Ring reduce-scatter: after n-1 steps this rank holds the sum of chunk
+// `rank` in out (which may alias that chunk of send; send is otherwise only
+// read). Each step forwards the partial sum received in the previous step,
+// plus this rank's contribution.
+void ring_reduce_scatter(Engine& e, const float* send, float* out, const Chunks& c,
+                         const CallContext& ctx) {
+    const int n = e.size, r = e.rank;
+    if (n == 1) {
+        if (out != send + c.off[0]) std::memmove(out, send + c.off[0], size_t(c.len[0]) * 4);
+        return;
+    }
+    const int left = (r - 1 + n) % n, right = (r + 1) % n;
+    const int64_t max_len = *std::max_element(c.len.begin(), c.len.end());
+    float* tmp = e.ring.ensure_as<float>(size_t(2 * max_len));
+    const float* outgoing = send + c.off[size_t(left)];
+    int64_t out_len = c.len[size_t(left)];
+    for (int s = 0; s < n - 1; ++s) {
+        const size_t in_chunk = size_t((r - s - 2 + 2 * n) % n);
+        float* in = tmp + (s % 2) * max_len;
+        const int64_t in_len = c.len[in_chunk];
+        mpi_check(MPI_Sendrecv(outgoing, int(out_len), MPI_FLOAT, right, 11, in, int(in_len),
+                               MPI_FLOAT, left, 11, e.comm, MPI_STATUS_IGNORE),
+                  "MPI_Sendrecv (ring reduce-scatter)", ctx);
+        const float* mine = send + c.off[in_chunk];
+        float* dst = s == n - 2 ? out : in;
+        for (int64_t i = 0; i < in_len; ++i) dst[i] = in[i] + mine[i];
+        outgoing = in;
+        out_len = in_len;
+    }
+}
+
+// Ring all-gather in place: chunk `rank` of data is this rank's; after n-1
+// steps every chunk is.
+void ring_all_gather(Engine& e, float* data, const Chunks& c, const CallContext& ctx) {
+    const int n = e.size, r = e.rank;
+    const int left = (r - 1 + n) % n, right = (r + 1) % n;
+    for (int s = 0; s < n - 1; ++s) {
+        const size_t send_chunk = size_t((r - s + n) % n), recv_chunk = size_t((r - s - 1 + n) % n);
+        mpi_check(MPI_Sendrecv(data + c.off[send_chunk], int(c.len[send_chunk]), MPI_FLOAT, right,
+                               12, data + c.off[recv_chunk], int(c.len[recv_chunk]), MPI_FLOAT,
+                               left, 12, e.comm, MPI_STATUS_IGNORE),
+                  "MPI_Sendrecv (ring all-gather)", ctx);
+    }
+}
+
 // f32 sum all-reduce of n elements in place, flat or hierarchical.
 void all_reduce_f32(Engine& e, float* data, int64_t n, const CallContext& ctx) {
+    if (!e.hierarchical.load() && n * 4 >= kRingAllReduceBytes && n / e.size < (int64_t(1) << 30)) {
+        const Chunks c = even_chunks(n, e.size);
+        ring_reduce_scatter(e, data, data + c.off[size_t(e.rank)], c, ctx);
+        ring_all_gather(e, data, c, ctx);
+        return;
+    }
     if (!e.hierarchical.load()) {
         constexpr int64_t kChunk = int64_t(1) << 30;  // MPI counts are int
         for (int64_t off = 0; off < n; off += kChunk) {
@@ -267,19 +346,23 @@ public:
         return submit({CollOp::reduce_scatter, dt, recv_count, tag},
                       [e = e_.get(), send, recv, n, dt, op](const CallContext& ctx) {
             const size_t total = size_t(n) * size_t(e->size);
+            const float* in = static_cast<const float*>(send);
             float* out = static_cast<float*>(recv);
             if (dt == DType::bf16) {
-                // Sum in f32: widen everything, reduce in place, round our block once.
+                // Sum in f32: widen everything, reduce, round our block once at the end.
                 float* wide = e->scratch.ensure_as<float>(total);
                 bf16_to_f32(static_cast<const uint16_t*>(send), wide, int64_t(total));
-                mpi_check(MPI_Reduce_scatter_block(MPI_IN_PLACE, wide, n, MPI_FLOAT, MPI_SUM,
-                                                   e->comm), "MPI_Reduce_scatter_block", ctx);
-                if (op == ReduceOp::avg) scale_f32(wide, n, 1.0f / float(e->size));
-                f32_to_bf16(wide, static_cast<uint16_t*>(recv), n);
-                return;
+                in = wide;
+                out = wide + size_t(n) * size_t(e->rank);
             }
-            const float* in = static_cast<const float*>(send);
-            if (out == in + size_t(n) * size_t(e->rank)) {
+            if (int64_t(total) * 4 >= kRingReduceScatterBytes) {
+                Chunks c;
+                for (int i = 0; i < e->size; ++i) {
+                    c.off.push_back(int64_t(i) * n);
+                    c.len.push_back(n);
+                }
+                ring_reduce_scatter(*e, in, out, c, ctx);
+            } else if (out == in + size_t(n) * size_t(e->rank)) {
                 // In place: MPI leaves the result at the front of the buffer.
                 float* whole = const_cast<float*>(in);
                 mpi_check(MPI_Reduce_scatter_block(MPI_IN_PLACE, whole, n, MPI_FLOAT, MPI_SUM,
@@ -290,6 +373,7 @@ public:
                           "MPI_Reduce_scatter_block", ctx);
             }
             if (op == ReduceOp::avg) scale_f32(out, n, 1.0f / float(e->size));
+            if (dt == DType::bf16) f32_to_bf16(out, static_cast<uint16_t*>(recv), n);
         });
     }
 

@@ -71,6 +71,7 @@ struct Engine {
     // Used only by the thread executing a call (busy guards them).
     ScratchBuffer scratch;  // f32 copy of bf16 data
     ScratchBuffer shard;    // hierarchical: this rank's node-local shard
+    ScratchBuffer ring;     // ring algorithms: two chunks in flight
     MPI_Comm local = MPI_COMM_NULL, cross = MPI_COMM_NULL;
     std::atomic<bool> hierarchical{false};
 

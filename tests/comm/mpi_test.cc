@@ -26,6 +26,7 @@ TEST(Mpi, AllReduce) {
         for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg}) {
             check_all_reduce(world(), dt, op, 1);
             check_all_reduce(world(), dt, op, 100003);
+            check_all_reduce(world(), dt, op, (int64_t(17) << 20) / 4 + 3);  // ring path
         }
     }
 }
@@ -35,6 +36,7 @@ TEST(Mpi, ReduceScatterAndAllGather) {
         for (bool in_place : {false, true}) {
             check_reduce_scatter(world(), dt, in_place, 4099);
             check_all_gather(world(), dt, in_place, 4099);
+            check_reduce_scatter(world(), dt, in_place, (int64_t(5) << 20) / 4 / 2 + 1);  // ring
         }
     }
 }

@@ -1,0 +1,13 @@
+#pragma once
+// `apiary bench comm`: added under the `apiary bench` verb by the file that
+// defines that verb (so this file registers nothing itself).
+
+namespace CLI {
+class App;
+}
+
+namespace apiary::cli {
+
+void add_bench_comm_command(CLI::App* bench);
+
+}  // namespace apiary::cli

@@ -1,0 +1,140 @@
+// `apiary launch -n N -- <apiary args>`: runs N ranks of this same apiary
+// binary under mpirun (or srun inside a Slurm allocation) with the flags a
+// user otherwise has to remember: run-as-root in containers, oversubscription
+// and no core binding when ranks x threads exceed the cores, and
+// OMP_NUM_THREADS passed to every rank. --dry-run prints the command.
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "core/threads.h"
+
+namespace apiary::cli {
+
+namespace {
+
+struct Options {
+    int ranks = 2;
+    int threads = 1;
+    std::string launcher = "auto";
+    std::string hosts;
+    std::vector<std::string> extra;
+    bool dry_run = false;
+    std::vector<std::string> args;
+};
+
+std::string self_path() {
+    char buf[PATH_MAX];
+    const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+    if (n <= 0) throw IoError("launch: cannot read /proc/self/exe to find the apiary binary");
+    return std::string(buf, size_t(n));
+}
+
+bool on_path(const std::string& prog) {
+    const char* path = std::getenv("PATH");
+    if (!path) return false;
+    std::string p = path;
+    size_t start = 0;
+    while (start <= p.size()) {
+        const size_t end = p.find(':', start);
+        const std::string dir = p.substr(start, end == std::string::npos ? std::string::npos
+                                                                           : end - start);
+        if (!dir.empty() && ::access((dir + "/" + prog).c_str(), X_OK) == 0) return true;
+        if (end == std::string::npos) break;
+        start = end + 1;
+    }
+    return false;
+}
+
+std::string quote(const std::string& s) {
+    if (s.find_first_of(" \t\"'\\$`*?[]{}()<>|&;") == std::string::npos && !s.empty()) return s;
+    std::string out = "'";
+    for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return out + "'";
+}
+
+std::vector<std::string> build(const Options& o) {
+    if (o.args.empty()) {
+        throw ConfigError("launch: nothing to run; give the apiary verb after --, e.g. "
+                          "`apiary launch -n 2 -- train --config run.toml`");
+    }
+    if (o.args[0] == "launch") throw ConfigError("launch: cannot launch `launch` itself");
+    std::string launcher = o.launcher;
+    if (launcher == "auto") {
+        launcher = std::getenv("SLURM_JOB_ID") && on_path("srun") ? "srun" : "mpirun";
+    }
+    const std::string omp = fmt::format("OMP_NUM_THREADS={}", o.threads);
+    std::vector<std::string> cmd;
+    if (launcher == "srun") {
+        // Inside an allocation: srun places ranks; the environment (with
+        // OMP_NUM_THREADS) is exported to every task by default.
+        cmd = {"env", omp, "srun", "-n", std::to_string(o.ranks),
+               fmt::format("--cpus-per-task={}", o.threads), "--kill-on-bad-exit=1"};
+    } else {
+        cmd = {"mpirun", "-n", std::to_string(o.ranks), "-x", omp};
+        if (::geteuid() == 0) cmd.push_back("--allow-run-as-root");
+        if (!o.hosts.empty()) {
+            cmd.insert(cmd.end(), {"--host", o.hosts});
+        } else if (o.ranks * o.threads > core::available_cores()) {
+            // More ranks x threads than cores here: allow it, and do not pin
+            // several ranks to one core.
+            cmd.insert(cmd.end(), {"--oversubscribe", "--bind-to", "none"});
+        } else if (o.threads > 1) {
+            cmd.insert(cmd.end(), {"--map-by", fmt::format("slot:PE={}", o.threads),
+                                   "--bind-to", "core"});
+        }
+    }
+    cmd.insert(cmd.end(), o.extra.begin(), o.extra.end());
+    cmd.push_back(self_path());
+    cmd.insert(cmd.end(), o.args.begin(), o.args.end());
+    return cmd;
+}
+
+void run(const Options& o) {
+    const auto cmd = build(o);
+    std::string line;
+    for (const auto& a : cmd) line += (line.empty() ? "" : " ") + quote(a);
+    if (o.dry_run) {
+        fmt::print("{}\n", line);
+        return;
+    }
+    std::vector<char*> argv;
+    for (const auto& a : cmd) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    std::fflush(stdout);
+    ::execvp(argv[0], argv.data());
+    throw IoError(fmt::format("launch: cannot run {} (is it installed? scripts/install-deps.sh "
+                              "installs openmpi-bin)", argv[0]));
+}
+
+void setup(CLI::App& app) {
+    auto* cmd = app.add_subcommand(
+        "launch", "run N ranks of an apiary command under mpirun (or srun inside Slurm)");
+    static Options o;
+    cmd->add_option("-n,--ranks", o.ranks, "number of ranks")->check(CLI::Range(1, 1 << 20))
+        ->capture_default_str();
+    cmd->add_option("-t,--threads", o.threads, "compute threads per rank (OMP_NUM_THREADS)")
+        ->check(CLI::Range(1, 4096))->capture_default_str();
+    cmd->add_option("--launcher", o.launcher, "auto (srun inside a Slurm allocation, else "
+                    "mpirun), mpirun or srun")
+        ->check(CLI::IsMember({"auto", "mpirun", "srun"}))->capture_default_str();
+    cmd->add_option("--hosts", o.hosts, "mpirun --host list, e.g. node1:4,node2:4");
+    cmd->add_option("--launcher-arg", o.extra, "extra argument for the launcher (repeatable)")
+        ->allow_extra_args(false);
+    cmd->add_flag("--dry-run", o.dry_run, "print the command instead of running it");
+    cmd->add_option("args", o.args, "the apiary command to run, after --");
+    cmd->callback([] { run(o); });
+}
+
+CommandRegistrar reg("launch", setup);
+
+}  // namespace
+
+}  // namespace apiary::cli

@@ -1,0 +1,38 @@
+#include "comm/config.h"
+
+namespace apiary::comm {
+
+void add_keys(core::Schema& s) {
+    s.add_string("comm.backend", "mpi",
+                 "collectives backend: mpi (processes under mpirun/srun) or thread (ranks as "
+                 "threads in one process, for tests)",
+                 {"mpi", "thread"});
+    s.add_real("comm.timeout_s", 300.0,
+               "a collective waiting longer than this makes every rank report where it is and "
+               "the job exit non-zero",
+               0.1, 1e7);
+    s.add_real("comm.bucket_mb", 25.0, "data-parallel gradient bucket size in MiB", 0.001, 1e5);
+    s.add_bool("comm.hierarchical", false,
+               "all-reduce as node-local reduce-scatter, inter-node all-reduce, node-local "
+               "all-gather (instead of one flat MPI_Allreduce)");
+    s.add_int("comm.nodes_hint", 0,
+              "0: nodes are shared-memory domains; N > 0: treat the ranks as N equal nodes "
+              "(tests one machine as several)",
+              0, 1 << 20);
+    s.add_bool("comm.verify", true,
+               "before each collective, check that every rank calls the same op, dtype, count "
+               "and tag (one 32-byte all-reduce)");
+}
+
+CommOptions options_from(const core::Config& c) {
+    CommOptions o;
+    o.backend = c.get_string("comm.backend");
+    o.timeout_s = c.get_real("comm.timeout_s");
+    o.bucket_mb = c.get_real("comm.bucket_mb");
+    o.hierarchical = c.get_bool("comm.hierarchical");
+    o.nodes_hint = int(c.get_int("comm.nodes_hint"));
+    o.verify = c.get_bool("comm.verify");
+    return o;
+}
+
+}  // namespace apiary::comm

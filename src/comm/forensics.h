@@ -1,0 +1,83 @@
+#pragma once
+// Hang forensics. Each rank records, per process group, the call it is in and
+// its last completed calls (GroupMonitor). When a call exceeds comm.timeout_s,
+// the ranks exchange these records (over a side channel, since the main
+// communicator is blocked) and diagnose() turns them into one line naming the
+// rank that is behind and where, e.g.
+//   rank 3 is at all_reduce #1043 bucket 7 (done 12.0 s ago, has not called
+//   #1044) while ranks 0-2 wait in all_reduce #1044 bucket 8 for 300.0 s
+// or, when ranks called different collectives under one sequence number,
+//   mismatch at #5: rank 0 calls all_reduce #5 bucket 5 (f32 x 1024) while
+//   rank 1 calls all_reduce #5 bucket 6 (f32 x 1024)
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "comm/types.h"
+
+namespace apiary::comm {
+
+using Clock = std::chrono::steady_clock;
+
+// One rank's view of one group at one moment.
+struct GroupSnapshot {
+    int world_rank = -1;
+    bool answered = true;  // false: the rank sent nothing (dead, or stuck outside apiary)
+    std::optional<Fingerprint> in_flight;  // the call it waits in, if any
+    double in_flight_s = 0;                // for how long
+    std::optional<Fingerprint> last_done;  // its last completed call
+    double idle_s = 0;                     // since last_done completed
+    std::vector<Fingerprint> recent;       // last completed calls, oldest first
+};
+
+// Per rank and group: what is in flight and what completed recently.
+// Thread-safe; cheap enough to update on every call.
+class GroupMonitor {
+public:
+    static constexpr size_t kHistory = 16;
+    GroupMonitor(std::string name, std::vector<int> world_ranks, int my_world_rank);
+
+    void begin(const Fingerprint& fp);
+    void end(const Fingerprint& fp);
+    GroupSnapshot snapshot() const;
+    // Seconds the current call has been in flight (0 if none).
+    double in_flight_seconds() const;
+
+    const std::string& name() const { return name_; }
+    const std::vector<int>& world_ranks() const { return world_ranks_; }
+    // Same for every member of the group on every rank: hash of name and members.
+    uint64_t id() const { return id_; }
+
+private:
+    std::string name_;
+    std::vector<int> world_ranks_;
+    int my_world_rank_;
+    uint64_t id_;
+    mutable std::mutex mu_;
+    std::optional<Fingerprint> in_flight_;
+    Clock::time_point in_flight_since_;
+    std::deque<std::pair<Fingerprint, Clock::time_point>> done_;
+};
+
+// One line: who is behind and where, or which ranks disagree. `members` are
+// the group's ranks in group order; `group` names the group for the message.
+std::string diagnose(const std::string& group, const std::vector<GroupSnapshot>& members);
+
+// "rank 2: recent world calls: all_reduce #3 ..., all_reduce #4 ...; waits in
+// all_reduce #5 ... for 3.0 s" — the per-rank dump printed on a timeout.
+std::string dump_line(const std::string& group, const GroupSnapshot& s);
+
+// Serialisation for the side channel (the tag kind is interned on reading).
+nlohmann::json to_json(const GroupSnapshot& s);
+GroupSnapshot snapshot_from_json(const nlohmann::json& j);
+nlohmann::json to_json(const Fingerprint& fp);
+Fingerprint fingerprint_from_json(const nlohmann::json& j);
+
+}  // namespace apiary::comm

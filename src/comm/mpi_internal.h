@@ -1,0 +1,149 @@
+#pragma once
+// Internals shared by mpi_backend.cc (groups, workers) and mpi_watchdog.cc
+// (the watchdog and its side channel). Not part of the API.
+
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/buffer.h"
+#include "comm/config.h"
+#include "comm/forensics.h"
+#include "comm/process_group.h"
+
+namespace apiary::comm::detail {
+
+// Throws CommError naming the call and MPI's own message if rc is an error.
+void mpi_check(int rc, const char* what, const std::string& context);
+
+class MpiWork;
+struct Engine;
+
+// Names the call in an error message; formatted only when there is an error,
+// so that the fast path allocates nothing for it.
+struct CallContext {
+    const Engine* engine;
+    const Fingerprint* fp;
+    std::string str() const;
+};
+void mpi_check(int rc, const char* what, const CallContext& context);
+
+// Everything one MPI process group owns; shared with its Work handles so a
+// handle outlives nothing it points to.
+struct Engine {
+    Engine(MPI_Comm comm, std::string name, const CommOptions& options);
+    ~Engine();
+
+    MPI_Comm comm;
+    int rank = 0, size = 1;
+    std::string name;
+    std::vector<int> world_ranks;
+    CommOptions options;
+    std::shared_ptr<GroupMonitor> monitor;
+
+    // Who runs a call: the worker thread, or a caller that waits on a call
+    // the worker has not started (it then runs the queue up to its call). To
+    // keep issue-then-wait as cheap as a plain MPI call, enqueue does not wake
+    // the worker while it is "warm" (it polls the queue every kPoll for a
+    // while after the last call; a woken thread on a busy machine costs more
+    // than the call); a cold worker, or a second queued call, is woken at once.
+    std::mutex mu;
+    std::condition_variable worker_cv;  // the worker sleeps here
+    std::condition_variable done_cv;    // waiters sleep here
+    std::deque<std::shared_ptr<MpiWork>> queue;
+    bool busy = false;  // a thread is executing a call of this group
+    bool stop = false;
+    bool worker_cold = true;
+    int waiters = 0;
+    std::chrono::steady_clock::time_point last_call{};
+    std::thread worker;
+    uint64_t seq = 0, p2p_seq = 0;
+
+    // Used only by the thread executing a call (busy guards them).
+    ScratchBuffer scratch;  // f32 copy of bf16 data
+    ScratchBuffer shard;    // hierarchical: this rank's node-local shard
+    ScratchBuffer ring;     // ring algorithms: two chunks in flight
+    MPI_Comm local = MPI_COMM_NULL, cross = MPI_COMM_NULL;
+    std::atomic<bool> hierarchical{false};
+
+    void enqueue(const std::shared_ptr<MpiWork>& w);
+    // Blocks until w is done, running queued calls in order when the worker is idle.
+    void wait_for(MpiWork& w);
+    void execute(MpiWork& w);
+    void worker_loop();
+    void shutdown();
+};
+
+// Runs the front call of e's queue with the lock released; the caller holds
+// `lock` and has checked !e.busy && !e.queue.empty().
+void run_front(Engine& e, std::unique_lock<std::mutex>& lock);
+
+class MpiWork : public Work {
+public:
+    MpiWork(Fingerprint fp, std::shared_ptr<Engine> engine)
+        : Work(fp), engine_(std::move(engine)) {}
+    bool test() override;
+    void wait() override;
+
+    enum State : int { kQueued, kRunning, kDone, kFailed };
+    std::atomic<int> state{kQueued};
+    std::string error;
+
+    // The MPI calls of this collective; run by whichever thread executes it.
+    virtual void run(const CallContext& ctx) = 0;
+
+private:
+    std::shared_ptr<Engine> engine_;
+};
+
+// The call's closure lives inside the Work: one allocation per call.
+template <class Fn>
+class MpiWorkFn final : public MpiWork {
+public:
+    MpiWorkFn(Fingerprint fp, std::shared_ptr<Engine> engine, Fn fn)
+        : MpiWork(fp, std::move(engine)), fn_(std::move(fn)) {}
+    void run(const CallContext& ctx) override { fn_(ctx); }
+
+private:
+    Fn fn_;
+};
+
+// The per-process watchdog and its side channel (a duplicate of the world
+// communicator that nothing else uses, so it still works while the main
+// communicators are blocked inside a collective).
+class Watchdog {
+public:
+    Watchdog(double timeout_s);
+    ~Watchdog();
+    void watch(const std::shared_ptr<GroupMonitor>& monitor);
+    // Called by a rank that found a mismatch: starts the report at once.
+    void raise(uint64_t group_id, int reason);
+    static constexpr int kTimeout = 1, kMismatch = 2;
+
+private:
+    void loop();
+    [[noreturn]] void report(uint64_t group_id, int origin, int reason);
+    MPI_Comm side_ = MPI_COMM_NULL;
+    int world_rank_ = 0, world_size_ = 1;
+    double timeout_s_;
+    std::mutex mu_;
+    std::vector<std::weak_ptr<GroupMonitor>> monitors_;
+    std::atomic<bool> stop_{false};
+    std::atomic<uint64_t> raised_group_{0};
+    std::atomic<int> raised_reason_{0};
+    std::thread thread_;
+};
+
+Watchdog* watchdog();
+void set_watchdog(Watchdog* w);
+
+}  // namespace apiary::comm::detail

@@ -1,0 +1,113 @@
+#pragma once
+// ProcessGroup: the collectives the trainer uses, over any backend (MPI across
+// processes, threads within one process for tests, NCCL later).
+//
+// Contract, shared with MPI and NCCL:
+//  * Every call returns at once with a Work handle; the buffers must stay
+//    alive and untouched until wait() returns or test() says true.
+//  * Every rank of a group issues the same calls in the same order (SPMD).
+//    Each call gets the next sequence number of the group; together with the
+//    op, dtype, count and caller's tag it forms the call's Fingerprint, which
+//    the watchdog and the match check (comm.verify) compare across ranks.
+//  * Calls of one group execute one at a time in issue order. Calls on
+//    different groups may run concurrently.
+//  * bf16 reductions convert to f32, reduce in f32 and round once at the end,
+//    so the result does not depend on the reduction tree more than f32 does.
+//  * Scratch space is allocated on first use, kept and reused (grow-only):
+//    page faults on the VMs we run on cost more than the copy itself.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/types.h"
+
+namespace apiary::comm {
+
+class Work {
+public:
+    explicit Work(Fingerprint fp) : fp_(fp) {}
+    virtual ~Work() = default;
+    Work(const Work&) = delete;
+    Work& operator=(const Work&) = delete;
+
+    // True once the call has completed (never blocks for long). Throws
+    // CommError if the call failed.
+    virtual bool test() = 0;
+    // Blocks until the call has completed. Throws CommError if it failed.
+    virtual void wait() = 0;
+    const Fingerprint& fingerprint() const { return fp_; }
+
+protected:
+    Fingerprint fp_;
+};
+using WorkHandle = std::shared_ptr<Work>;
+
+// Waits for every handle, in order.
+void wait_all(const std::vector<WorkHandle>& works);
+
+class ProcessGroup {
+public:
+    virtual ~ProcessGroup() = default;
+
+    int rank() const { return rank_; }
+    int size() const { return size_; }
+    // "world", "dp", "tp", "pp", ... (for messages).
+    const std::string& name() const { return name_; }
+    // World rank of every member, indexed by group rank.
+    const std::vector<int>& world_ranks() const { return world_ranks_; }
+    // "dp (world ranks 0,2,4)" for messages.
+    std::string describe() const;
+
+    // buf (count) is reduced across ranks in place.
+    virtual WorkHandle all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op,
+                                  Tag tag = {}) = 0;
+    // send (size * recv_count) is reduced; rank r receives block r in recv
+    // (recv_count). recv may be send's own block (send + rank * recv_count):
+    // then the other blocks of send are left undefined.
+    virtual WorkHandle reduce_scatter(const void* send, void* recv, int64_t recv_count,
+                                      DType dtype, ReduceOp op, Tag tag = {}) = 0;
+    // Every rank's send (send_count) lands at block r of recv (size * send_count).
+    // send may be recv's own block (recv + rank * send_count).
+    virtual WorkHandle all_gather(const void* send, void* recv, int64_t send_count, DType dtype,
+                                  Tag tag = {}) = 0;
+    virtual WorkHandle broadcast(void* buf, int64_t count, DType dtype, int root,
+                                 Tag tag = {}) = 0;
+    // Block j of send (count_per_rank) goes to rank j; block i of recv comes
+    // from rank i. send and recv must not overlap.
+    virtual WorkHandle all_to_all(const void* send, void* recv, int64_t count_per_rank,
+                                  DType dtype, Tag tag = {}) = 0;
+    virtual WorkHandle send(const void* buf, int64_t count, DType dtype, int dst,
+                            Tag tag = {}) = 0;
+    virtual WorkHandle recv(void* buf, int64_t count, DType dtype, int src, Tag tag = {}) = 0;
+    virtual WorkHandle barrier(Tag tag = {}) = 0;
+
+    // Collective over this group (blocking): ranks with the same color form a
+    // new group, ordered by key then by rank here. color < 0: this rank joins
+    // no group and gets nullptr.
+    virtual std::shared_ptr<ProcessGroup> split(int color, int key, const std::string& name) = 0;
+
+    // Ensures the scratch space for calls up to `bytes` exists now, outside
+    // the step loop.
+    virtual void reserve_scratch(size_t bytes) = 0;
+
+protected:
+    ProcessGroup(int rank, int size, std::string name, std::vector<int> world_ranks)
+        : rank_(rank), size_(size), name_(std::move(name)), world_ranks_(std::move(world_ranks)) {}
+
+private:
+    int rank_;
+    int size_;
+    std::string name_;
+    std::vector<int> world_ranks_;
+};
+
+// Every rank must hold the same config hash (core::Config::hash()); throws
+// CommError on every rank, naming the ranks whose config differs from rank 0's.
+void check_config_hash(ProcessGroup& world, uint64_t hash);
+
+// "0-2,5,7-8": compact list of ranks for messages.
+std::string format_ranks(const std::vector<int>& ranks);
+
+}  // namespace apiary::comm

@@ -1,0 +1,92 @@
+// Hang forensics end to end (label dist): a job with one misbehaving rank
+// must end, non-zero, within the timeout plus a margin, with a message that
+// names the rank and the collective. The margin is enforced by `timeout`
+// (exit 124 fails the test), not by a clock in the test.
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <sys/wait.h>
+
+namespace {
+
+struct Result {
+    int code = -1;
+    std::string output;
+};
+
+// 2 s comm.timeout_s + 10 s side-channel exchange + start-up, generously.
+Result run(int np, const std::string& scenario) {
+    const std::string cmd = std::string("timeout 60 ") + MPIRUN + " -n " + std::to_string(np) +
+                            " " + FAULT_DRIVER + " " + scenario + " 2>&1";
+    Result r;
+    FILE* p = popen(cmd.c_str(), "r");
+    if (!p) return r;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+    const int status = pclose(p);
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return r;
+}
+
+bool has(const Result& r, const std::string& s) { return r.output.find(s) != std::string::npos; }
+
+TEST(Faults, HealthyJobExitsZero) {
+    const Result r = run(2, "ok");
+    EXPECT_EQ(r.code, 0) << r.output;
+}
+
+TEST(Faults, StalledRankIsNamed) {
+    const Result r = run(4, "stall");
+    EXPECT_NE(r.code, 0) << r.output;
+    EXPECT_NE(r.code, 124) << "the job hung\n" << r.output;
+    EXPECT_TRUE(has(r, "rank 3 is at all_reduce #6 bucket 5 (f32 x 1024) (completed; has not "
+                       "called #7) while ranks 0-2 wait in all_reduce #7 bucket 6"))
+        << r.output;
+    EXPECT_TRUE(has(r, "exceeded comm.timeout_s = 2 s")) << r.output;
+    // Every rank dumps its recent calls.
+    for (int rank = 0; rank < 4; ++rank) {
+        EXPECT_TRUE(has(r, "apiary: rank " + std::to_string(rank) + ": recent world calls:"))
+            << r.output;
+    }
+}
+
+TEST(Faults, SkippedCollectiveIsAMismatch) {
+    const Result r = run(2, "skip");
+    EXPECT_NE(r.code, 0) << r.output;
+    EXPECT_NE(r.code, 124) << "the job hung\n" << r.output;
+    EXPECT_TRUE(has(r, "mismatch at #6: rank 0 calls all_reduce #6 bucket 5 (f32 x 1024) while "
+                       "rank 1 calls all_reduce #6 bucket 6 (f32 x 1024)"))
+        << r.output;
+}
+
+TEST(Faults, SkippedCollectiveWithoutMatchCheckIsFoundAtTheEnd) {
+    const Result r = run(2, "skip_noverify");
+    EXPECT_NE(r.code, 0) << r.output;
+    EXPECT_NE(r.code, 124) << "the job hung\n" << r.output;
+    EXPECT_TRUE(has(r, "rank 1 calls barrier #10 finalize")) << r.output;
+}
+
+TEST(Faults, DifferentCountIsAMismatch) {
+    const Result r = run(2, "count");
+    EXPECT_NE(r.code, 0) << r.output;
+    EXPECT_NE(r.code, 124) << "the job hung\n" << r.output;
+    EXPECT_TRUE(has(r, "rank 1 calls all_reduce #4 bucket 3 (f32 x 1025)")) << r.output;
+}
+
+TEST(Faults, DeadRankEndsTheJob) {
+    const Result r = run(2, "die");
+    EXPECT_NE(r.code, 0) << r.output;
+    EXPECT_NE(r.code, 124) << "the job hung\n" << r.output;
+    EXPECT_TRUE(has(r, "rank 1")) << r.output;
+}
+
+TEST(Faults, ConfigMismatchIsReported) {
+    const Result r = run(2, "config");
+    EXPECT_NE(r.code, 0) << r.output;
+    EXPECT_TRUE(has(r, "config differs between ranks: rank 1 has config hash")) << r.output;
+}
+
+}  // namespace

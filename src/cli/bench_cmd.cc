@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "cli/bench_comm.h"
 #include "cli/command.h"
 #include "core/allocator.h"
 #include "core/error.h"
@@ -145,6 +146,7 @@ void setup(CLI::App& app) {
         ->capture_default_str();
     tr->add_flag("--json", a.json, "print one JSON object");
     tr->callback([] { bench_train(a); });
+    add_bench_comm_command(cmd);
 }
 
 CommandRegistrar reg("bench", setup);

@@ -2,7 +2,6 @@
 // trainer and planner read the same file.
 
 #include "cli/command.h"
-#include "comm/config.h"
 #include "train/keys.h"
 
 namespace apiary::cli {
@@ -12,7 +11,6 @@ const core::Schema& full_schema() {
         core::Schema s;
         core::add_shared_keys(s);
         train::add_keys(s);
-        comm::add_keys(s);
         return s;
     }();
     return schema;

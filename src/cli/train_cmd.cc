@@ -4,8 +4,10 @@
 
 #include <csignal>
 #include <filesystem>
+#include <memory>
 
 #include "cli/command.h"
+#include "comm/mpi_backend.h"
 #include "core/error.h"
 #include "train/trainer.h"
 
@@ -33,6 +35,17 @@ void setup(CLI::App& app) {
         // Ctrl-C finishes the step, saves a checkpoint and exits cleanly.
         std::signal(SIGINT, on_signal);
         std::signal(SIGTERM, on_signal);
+        // Under mpirun/srun every rank runs this; one MPI session per process.
+        std::unique_ptr<comm::MpiSession> mpi;
+        comm::ProcessGroup* world = nullptr;
+        auto start_mpi = [&](const core::Config& c) {
+            if (!comm::launched_by_mpi()) return;
+            mpi = std::make_unique<comm::MpiSession>(comm::options_from(c));
+            world = mpi->world().get();
+            // A fatal error on one rank takes the job down instead of
+            // leaving the others waiting in a collective.
+            set_abort_hook([](int code) { comm::abort_mpi(code); });
+        };
         if (!resume_dir.empty()) {
             if (!config_file.empty() || overwrite) {
                 throw ConfigError("--resume takes the run's own config.toml: do not combine it "
@@ -44,10 +57,14 @@ void setup(CLI::App& app) {
             }
             std::vector<std::string> all = sets;
             all.push_back("run.dir=" + resume_dir);
-            train::resume_training(load_config(cfg, all));
+            const core::Config c = load_config(cfg, all);
+            start_mpi(c);
+            train::resume_training(c, world);
             return;
         }
-        train::run_training(load_config(config_file, sets), overwrite);
+        const core::Config c = load_config(config_file, sets);
+        start_mpi(c);
+        train::run_training(c, overwrite, world);
     });
 }
 

@@ -4,7 +4,8 @@
 
 namespace apiary::core {
 
-// n <= 0 means every core this process may run on.
+// n <= 0: OMP_NUM_THREADS if set, else this process's cores divided by the
+// ranks that share the machine.
 void set_num_threads(int n);
 int num_threads();
 // Cores in this process's affinity mask.

@@ -157,13 +157,30 @@ void Transformer::backward_body(const int32_t* tokens, int64_t B, int64_t T) {
         k::rmsnorm_backward(dres_.f32(), grad("model.norm.weight"), dnorm_.f32(), last,
                             param("model.norm.weight"), act(lnf_rstd_), N, C);
     }
-    for (int l = spec_.n_layer - 1; l >= 0; --l) block_backward(l, B, T);
+    // Everything from the final norm on is complete (a tied head's gradient
+    // lands in the embedding, at offset 0, which is reported last).
+    const auto& entries = registry_.entries();
+    auto first_of_layer = [&](int l) {
+        for (const auto& e : entries) {
+            if (e.layer == l) return e.offset;
+        }
+        return int64_t(0);
+    };
+    if (grad_ready_) {
+        grad_ready_(registry_.get(spec_.arch == Arch::gpt2 ? "ln_f.weight" : "model.norm.weight")
+                        .offset);
+    }
+    for (int l = spec_.n_layer - 1; l >= 0; --l) {
+        block_backward(l, B, T);
+        if (grad_ready_) grad_ready_(first_of_layer(l));
+    }
     if (spec_.arch == Arch::gpt2) {
         k::embedding_backward(grad("wte.weight"), grad("wpe.weight"), dres_.f32(), tokens, B, T, C);
     } else {
         k::embedding_backward(grad("model.embed_tokens.weight"), nullptr, dres_.f32(), tokens, B,
                               T, C);
     }
+    if (grad_ready_) grad_ready_(0);
 }
 
 LossResult Transformer::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B,

@@ -28,7 +28,7 @@ Precision parse_precision(const std::string& name) {
 }
 
 Transformer::Transformer(const core::ModelSpec& spec, int64_t max_B, int64_t max_T,
-                         Precision precision)
+                         Precision precision, int64_t flat_multiple)
     : spec_(spec), max_B_(max_B), max_T_(max_T), precision_(precision) {
     spec_.validate();
     if (max_T > spec_.max_seq_len) {
@@ -37,12 +37,14 @@ Transformer::Transformer(const core::ModelSpec& spec, int64_t max_B, int64_t max
     }
     APIARY_CHECK(max_B >= 1 && max_T >= 1, "bad activation shape B={} T={}", max_B, max_T);
     build_registry();
-    params_ = core::Tensor({registry_.total()}, DType::f32, MemCategory::params);
-    grads_ = core::Tensor({registry_.total()}, DType::f32, MemCategory::grads);
+    APIARY_CHECK(flat_multiple >= 1, "flat_multiple {} must be positive", flat_multiple);
+    flat_size_ = (registry_.total() + flat_multiple - 1) / flat_multiple * flat_multiple;
+    params_ = core::Tensor({flat_size_}, DType::f32, MemCategory::params);
+    grads_ = core::Tensor({flat_size_}, DType::f32, MemCategory::grads);
     if (precision_ == Precision::bf16) {
-        shadow_ = core::Tensor({registry_.total()}, DType::bf16, MemCategory::params);
+        shadow_ = core::Tensor({flat_size_}, DType::bf16, MemCategory::params);
     } else if (precision_ == Precision::fp16) {
-        shadow_ = core::Tensor({registry_.total()}, DType::f32, MemCategory::params);
+        shadow_ = core::Tensor({flat_size_}, DType::f32, MemCategory::params);
     }
     allocate_activations();
 }
@@ -213,9 +215,9 @@ float* Transformer::head_grad() { return grads() + registry_.get(head_name()).of
 void Transformer::refresh_shadow() {
     if (!shadow_stale_ || precision_ == Precision::fp32) return;
     if (precision_ == Precision::bf16) {
-        k::to_bf16(shadow_.data<uint16_t>(), params_.f32(), registry_.total());
+        k::to_bf16(shadow_.data<uint16_t>(), params_.f32(), flat_size_);
     } else {
-        k::copy_round_to_f16(shadow_.f32(), params_.f32(), registry_.total());
+        k::copy_round_to_f16(shadow_.f32(), params_.f32(), flat_size_);
     }
     shadow_stale_ = false;
 }

@@ -5,6 +5,7 @@
 // a ParamRegistry; activations are allocated once for the largest (B, T).
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/model_spec.h"
@@ -33,8 +34,10 @@ class Transformer {
 public:
     // Allocates parameters, gradients and activations for micro-batches up to
     // (max_B, max_T); max_T may not exceed spec.max_seq_len.
+    // flat_multiple: the flat buffers' length is padded to a multiple of it
+    // (data parallelism shards them into equal parts).
     Transformer(const core::ModelSpec& spec, int64_t max_B, int64_t max_T,
-                Precision precision = Precision::fp32);
+                Precision precision = Precision::fp32, int64_t flat_multiple = 16);
 
     const core::ModelSpec& spec() const { return spec_; }
     const ParamRegistry& registry() const { return registry_; }
@@ -46,7 +49,7 @@ public:
     }
     const float* params() const { return params_.f32(); }
     float* grads() { return grads_.f32(); }
-    int64_t flat_size() const { return registry_.total(); }
+    int64_t flat_size() const { return flat_size_; }
     Precision precision() const { return precision_; }
     float* grad(const std::string& name) { return grads() + registry_.get(name).offset; }
 
@@ -68,6 +71,13 @@ public:
     // Logits (V) of the last position of a single sequence (generation).
     void last_logits(float* logits, const int32_t* tokens, int64_t T);
 
+    // Called during backward whenever the gradients of every parameter at
+    // flat offset >= final_from are complete (blocks finish last-to-first,
+    // the embeddings, at offset 0, last): data parallelism starts each
+    // bucket's all-reduce from here while the rest of backward runs.
+    void set_grad_ready_hook(std::function<void(int64_t final_from)> hook) {
+        grad_ready_ = std::move(hook);
+    }
     int64_t max_B() const { return max_B_; }
     int64_t max_T() const { return max_T_; }
 
@@ -100,6 +110,8 @@ private:
     core::ModelSpec spec_;
     int64_t max_B_, max_T_;
     Precision precision_;
+    int64_t flat_size_ = 0;
+    std::function<void(int64_t)> grad_ready_;
     // Weights in compute precision: bf16 (uint16) or fp16-rounded fp32.
     core::Tensor shadow_;
     bool shadow_stale_ = true;

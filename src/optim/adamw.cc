@@ -1,5 +1,6 @@
 #include "optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/kernels.h"
@@ -8,11 +9,14 @@ namespace apiary::optim {
 
 namespace k = apiary::kernels;
 
-AdamW::AdamW(std::vector<ParamRange> ranges, int64_t flat_size, AdamWOptions options)
+AdamW::AdamW(std::vector<ParamRange> ranges, int64_t flat_size, AdamWOptions options,
+             int64_t shard_begin, int64_t shard_end)
     : ranges_(std::move(ranges)),
       opt_(options),
-      m_({flat_size}, core::DType::f32, core::MemCategory::optimizer),
-      v_({flat_size}, core::DType::f32, core::MemCategory::optimizer) {}
+      begin_(shard_begin),
+      end_(shard_end < 0 ? flat_size : shard_end),
+      m_({end_ - begin_}, core::DType::f32, core::MemCategory::optimizer),
+      v_({end_ - begin_}, core::DType::f32, core::MemCategory::optimizer) {}
 
 double AdamW::grad_norm(const float* grads) const {
     double ss = 0.0;
@@ -30,8 +34,12 @@ double AdamW::step(float* params, const float* grads, float lr, float grad_scale
     }
     ++t_;
     for (const auto& r : ranges_) {
-        k::adamw_update(params + r.offset, grads + r.offset, m_.f32() + r.offset,
-                        v_.f32() + r.offset, r.numel, lr, opt_.beta1, opt_.beta2, opt_.eps,
+        // The part of this parameter inside the shard this optimizer owns.
+        const int64_t lo = std::max(r.offset, begin_);
+        const int64_t hi = std::min(r.offset + r.numel, end_);
+        if (lo >= hi) continue;
+        k::adamw_update(params + lo, grads + lo, m_.f32() + (lo - begin_),
+                        v_.f32() + (lo - begin_), hi - lo, lr, opt_.beta1, opt_.beta2, opt_.eps,
                         r.decay ? opt_.weight_decay : 0.0f, t_, scale);
     }
     return norm;

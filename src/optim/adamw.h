@@ -25,8 +25,11 @@ struct AdamWOptions {
 
 class AdamW {
 public:
-    // State (m, v) covers [0, flat_size) in the parameters' layout.
-    AdamW(std::vector<ParamRange> ranges, int64_t flat_size, AdamWOptions options);
+    // State (m, v) covers [shard_begin, shard_end) of the parameters' flat
+    // layout (default: all of [0, flat_size)); step() updates only that
+    // window, which is how ZeRO stage 1 shards the optimizer across ranks.
+    AdamW(std::vector<ParamRange> ranges, int64_t flat_size, AdamWOptions options,
+          int64_t shard_begin = 0, int64_t shard_end = -1);
 
     // Global gradient L2 norm over all ranges (double accumulation).
     double grad_norm(const float* grads) const;
@@ -39,14 +42,17 @@ public:
 
     int64_t step_count() const { return t_; }
     void set_step_count(int64_t t) { t_ = t; }
+    // m and v of the shard: element i is flat offset shard_begin() + i.
     float* m() { return m_.f32(); }
     float* v() { return v_.f32(); }
-    int64_t flat_size() const { return m_.numel(); }
+    int64_t shard_begin() const { return begin_; }
+    int64_t shard_end() const { return end_; }
     const AdamWOptions& options() const { return opt_; }
 
 private:
     std::vector<ParamRange> ranges_;
     AdamWOptions opt_;
+    int64_t begin_, end_;
     core::Tensor m_, v_;
     int64_t t_ = 0;
 };

@@ -46,7 +46,7 @@ core::ModelSpec spec_from_json(const json& j, const std::string& where) {
 }
 
 std::string save_checkpoint(const std::string& run_dir, int64_t step, model::Transformer& model,
-                            optim::AdamW* optimizer, const json& extra_meta) {
+                            const OptimizerState& optimizer, const json& extra_meta) {
     const fs::path ckpt_root = fs::path(run_dir) / "ckpt";
     const std::string name = fmt::format("step_{:08d}", step);
     const fs::path dir = ckpt_root / name;
@@ -59,15 +59,15 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, model::Tra
     const std::map<std::string, std::string> st_meta = {{"format", "pt"},
                                                         {"producer", "apiary"}};
     ckpt::write_safetensors((dir / "model.safetensors").string(), weights, st_meta);
-    if (optimizer) {
+    if (optimizer.m) {
         std::vector<ckpt::TensorEntry> state;
         for (const auto& e : model.registry().entries()) {
             const size_t nb = size_t(e.numel()) * sizeof(float);
-            state.push_back({"m." + e.name, "F32", e.shape, optimizer->m() + e.offset, nb});
-            state.push_back({"v." + e.name, "F32", e.shape, optimizer->v() + e.offset, nb});
+            state.push_back({"m." + e.name, "F32", e.shape, optimizer.m + e.offset, nb});
+            state.push_back({"v." + e.name, "F32", e.shape, optimizer.v + e.offset, nb});
         }
         ckpt::write_safetensors((dir / "optimizer.safetensors").string(), state,
-                                {{"step_count", std::to_string(optimizer->step_count())}});
+                                {{"step_count", std::to_string(optimizer.step_count)}});
     }
     json meta = extra_meta;
     meta["format"] = kCheckpointFormat;
@@ -130,6 +130,25 @@ void load_weights(const CheckpointRef& ckpt, model::Transformer& model) {
                                       path, e.name));
         }
         file.read_f32(e.name, e.shape, model.params() + e.offset);
+    }
+}
+
+int64_t load_optimizer_state(const CheckpointRef& ck, const model::Transformer& model, float* m,
+                             float* v) {
+    const std::string path = (fs::path(ck.dir) / "optimizer.safetensors").string();
+    const ckpt::SafetensorsFile file(path);
+    for (const auto& e : model.registry().entries()) {
+        file.read_f32("m." + e.name, e.shape, m + e.offset);
+        file.read_f32("v." + e.name, e.shape, v + e.offset);
+    }
+    const auto it = file.metadata().find("step_count");
+    if (it == file.metadata().end()) {
+        throw IoError(fmt::format("{}: metadata has no step_count", path));
+    }
+    try {
+        return std::stoll(it->second);
+    } catch (const std::exception&) {
+        throw IoError(fmt::format("{}: step_count '{}' is not a number", path, it->second));
     }
 }
 

@@ -18,18 +18,30 @@ namespace apiary::train {
 constexpr const char* kCheckpointFormat = "apiary.checkpoint";
 constexpr int kCheckpointVersion = 1;
 
-nlohmann::json spec_to_json(const core::ModelSpec& spec);
-core::ModelSpec spec_from_json(const nlohmann::json& j, const std::string& where);
-
-// Returns the checkpoint directory written.
-std::string save_checkpoint(const std::string& run_dir, int64_t step, model::Transformer& model,
-                            optim::AdamW* optimizer, const nlohmann::json& extra_meta);
-
 struct CheckpointRef {
     std::string dir;
     nlohmann::json meta;
     int64_t step = 0;
 };
+
+nlohmann::json spec_to_json(const core::ModelSpec& spec);
+core::ModelSpec spec_from_json(const nlohmann::json& j, const std::string& where);
+
+// Optimizer state over the whole flat buffer (gathered from every rank's
+// shard under ZeRO), so any number of ranks can resume from it.
+struct OptimizerState {
+    const float* m = nullptr;  // flat size, or null: no optimizer file
+    const float* v = nullptr;
+    int64_t step_count = 0;
+};
+
+// Returns the checkpoint directory written.
+std::string save_checkpoint(const std::string& run_dir, int64_t step, model::Transformer& model,
+                            const OptimizerState& optimizer, const nlohmann::json& extra_meta);
+// Reads m and v (flat size each, in the model's layout) and the step count.
+int64_t load_optimizer_state(const CheckpointRef& ckpt, const model::Transformer& model, float* m,
+                             float* v);
+
 // The newest complete checkpoint of a run; throws IoError naming what is
 // missing or foreign.
 CheckpointRef latest_checkpoint(const std::string& run_dir);

@@ -78,14 +78,15 @@ ByteCorpus::ByteCorpus(const std::string& spec, double val_fraction, int64_t win
     }
 }
 
-void ByteCorpus::batch(bool val, uint64_t seed, int64_t step, int64_t micro, int64_t B, int64_t T,
-                       int32_t* tokens, int32_t* targets) const {
+void ByteCorpus::batch(bool val, uint64_t seed, int64_t step, int64_t micro, int64_t global_B,
+                       int64_t first, int64_t B, int64_t T, int32_t* tokens,
+                       int32_t* targets) const {
     const auto& src = val ? val_ : train_;
     const uint64_t span = src.size() - uint64_t(T);  // last valid start + 1
-    // One Philox stream per (split, step): index = micro * B + b.
+    // One Philox stream per (split, step): index = micro * global_B + sample.
     const core::Philox rng(seed, (uint64_t(val) << 63) | uint64_t(step));
     for (int64_t b = 0; b < B; ++b) {
-        const uint64_t start = rng.below(uint64_t(micro * B + b), span);
+        const uint64_t start = rng.below(uint64_t(micro * global_B + first + b), span);
         const uint8_t* w = src.data() + start;
         for (int64_t t = 0; t < T; ++t) {
             tokens[b * T + t] = w[t];

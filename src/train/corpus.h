@@ -17,10 +17,13 @@ public:
     ByteCorpus(const std::string& spec, double val_fraction, int64_t window_len);
 
     // Fills tokens/targets (B, T) with B windows from the split: targets are
-    // tokens shifted by one. Window starts are a pure function of (seed,
-    // step, micro, b), so a run is reproducible and resumable at any step.
-    void batch(bool val, uint64_t seed, int64_t step, int64_t micro, int64_t B, int64_t T,
-               int32_t* tokens, int32_t* targets) const;
+    // tokens shifted by one. A micro-step draws global_B windows in all, of
+    // which this call fills [first, first + B) (a data-parallel rank's
+    // slice). Window starts are a pure function of (seed, step, micro, global
+    // index), so a run is reproducible, resumable at any step, and the same
+    // global batch whatever the number of ranks.
+    void batch(bool val, uint64_t seed, int64_t step, int64_t micro, int64_t global_B,
+               int64_t first, int64_t B, int64_t T, int32_t* tokens, int32_t* targets) const;
 
     int64_t train_size() const { return int64_t(train_.size()); }
     int64_t val_size() const { return int64_t(val_.size()); }

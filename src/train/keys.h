@@ -2,7 +2,7 @@
 #include "core/config.h"
 
 namespace apiary::train {
-// Adds train.*, data.* and run.* keys (the shared model/parallel/batch keys
+// Adds train.*, data.*, run.* and comm.* keys (the shared model/parallel/batch keys
 // come from core::add_shared_keys).
 void add_keys(core::Schema& schema);
 }  // namespace apiary::train

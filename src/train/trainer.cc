@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -21,6 +23,8 @@
 #include "model/model.h"
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
+#include "comm/mesh.h"
+#include "parallel/data_parallel.h"
 #include "train/checkpoint.h"
 #include "train/corpus.h"
 
@@ -64,13 +68,10 @@ void validate_layout(const core::Config& c) {
                 axis, c.get_int(axis)));
         }
     }
-    if (c.get_int("parallel.dp") > 1) {
-        throw ConfigError(fmt::format("parallel.dp = {}: data parallelism needs the MPI runtime, "
-                                      "which this build's trainer does not use yet; set it to 1",
-                                      c.get_int("parallel.dp")));
-    }
-    if (c.get_int("parallel.zero_stage") != 0) {
-        throw ConfigError("parallel.zero_stage: ZeRO sharding needs data parallelism; set it to 0");
+    if (c.get_int("parallel.zero_stage") > 1) {
+        throw ConfigError(fmt::format("parallel.zero_stage = {}: this build shards the optimizer "
+                                      "state (stage 1); stages 2 and 3 are not available yet",
+                                      c.get_int("parallel.zero_stage")));
     }
     if (c.get_string("parallel.recompute") != "none") {
         throw ConfigError(fmt::format("parallel.recompute = '{}': activation recomputation is not "
@@ -121,7 +122,8 @@ private:
 // by run(). Resuming is the same object with state loaded before run().
 class Trainer {
 public:
-    explicit Trainer(const core::Config& c)
+    // dp_group: the data-parallel group when launched with several ranks.
+    Trainer(const core::Config& c, comm::ProcessGroup* dp_group)
         : c_(c),
           spec_(resolve_spec(c)),
           B_(c.get_int("train.batch_size")),
@@ -133,18 +135,30 @@ public:
           precision_(model::parse_precision(c.get_string("train.precision"))),
           inject_(parse_step_list(c.get_string("debug.inject_overflow_steps"),
                                   "debug.inject_overflow_steps")),
+          dp_size_(dp_group ? dp_group->size() : 1),
+          dp_rank_(dp_group ? dp_group->rank() : 0),
           corpus_(c.get_string("data.corpus"), c.get_real("data.val_fraction"), T_ + 1),
-          model_(spec_, B_, T_, precision_),
-          adam_(ranges(model_), model_.flat_size(),
-                {float(c.get_real("train.beta1")), float(c.get_real("train.beta2")),
-                 float(c.get_real("train.eps")), float(c.get_real("train.weight_decay")),
-                 float(c.get_real("train.grad_clip"))}),
+          model_(spec_, B_, T_, precision_, parallel::DataParallel::shard_multiple(dp_size_)),
           scaler_({c.get_real("train.loss_scale_init"), 2.0, 0.5,
                    c.get_int("train.loss_scale_growth_interval"),
                    c.get_real("train.loss_scale_min")},
                   precision_ == model::Precision::fp16) {
         tokens_.resize(size_t(B_ * T_));
         targets_.resize(size_t(B_ * T_));
+        if (dp_group) {
+            dp_ = std::make_unique<parallel::DataParallel>(*dp_group, model_,
+                                                           c.get_real("comm.bucket_mb"),
+                                                           int(c.get_int("parallel.zero_stage")));
+        }
+        const int64_t lo = dp_ ? dp_->shard_begin() : 0;
+        const int64_t hi = dp_ ? dp_->shard_end() : model_.flat_size();
+        adam_ = std::make_unique<optim::AdamW>(
+            ranges(model_), model_.flat_size(),
+            optim::AdamWOptions{float(c.get_real("train.beta1")), float(c.get_real("train.beta2")),
+                                float(c.get_real("train.eps")),
+                                float(c.get_real("train.weight_decay")),
+                                float(c.get_real("train.grad_clip"))},
+            lo, hi);
     }
 
     void init_fresh() { model_.init(seed_); }
@@ -152,17 +166,13 @@ public:
     // Loads weights, optimizer state, loss scaler and step from a checkpoint.
     void load(const CheckpointRef& ck) {
         load_weights(ck, model_);
-        const std::string opath = (fs::path(ck.dir) / "optimizer.safetensors").string();
-        const ckpt::SafetensorsFile opt(opath);
-        for (const auto& e : model_.registry().entries()) {
-            opt.read_f32("m." + e.name, e.shape, adam_.m() + e.offset);
-            opt.read_f32("v." + e.name, e.shape, adam_.v() + e.offset);
-        }
-        const auto it = opt.metadata().find("step_count");
-        if (it == opt.metadata().end()) {
-            throw IoError(fmt::format("{}: metadata has no step_count", opath));
-        }
-        adam_.set_step_count(std::stoll(it->second));
+        // The file holds the whole optimizer state; this rank keeps its shard
+        // (so a run may resume on a different number of ranks).
+        std::vector<float> m(size_t(model_.flat_size())), v(size_t(model_.flat_size()));
+        adam_->set_step_count(load_optimizer_state(ck, model_, m.data(), v.data()));
+        const int64_t lo = adam_->shard_begin(), n = adam_->shard_end() - lo;
+        std::copy_n(m.data() + lo, n, adam_->m());
+        std::copy_n(v.data() + lo, n, adam_->v());
         if (ck.meta.contains("loss_scaler")) scaler_.restore(ck.meta["loss_scaler"]);
         start_step_ = ck.step;
         if (start_step_ >= steps_) {
@@ -199,6 +209,32 @@ private:
         return r;
     }
     double evaluate();
+    bool main_rank() const { return dp_rank_ == 0; }
+    // Global sample index of this rank's first sample in a micro-batch.
+    int64_t sample_offset() const { return int64_t(dp_rank_) * B_; }
+    std::string save(int64_t step) {
+        // Collective under ZeRO (the optimizer shards are gathered); only
+        // the first rank writes.
+        const int64_t flat = model_.flat_size();
+        std::vector<float> m, v;
+        const float* mp = adam_->m();
+        const float* vp = adam_->v();
+        if (dp_ && dp_->zero_stage() > 0) {
+            m.resize(size_t(flat));
+            v.resize(size_t(flat));
+            dp_->gather_shards(adam_->m(), m.data());
+            dp_->gather_shards(adam_->v(), v.data());
+            mp = m.data();
+            vp = v.data();
+        }
+        if (!main_rank()) return "";
+        return save_checkpoint(run_dir_, step, model_, {mp, vp, adam_->step_count()},
+                               checkpoint_meta());
+    }
+    template <typename... Args>
+    void say(fmt::format_string<Args...> f, Args&&... args) {
+        if (main_rank()) fmt::print(f, std::forward<Args>(args)...);
+    }
     json checkpoint_meta() const {
         return {{"tokenizer", c_.get_string("data.tokenizer")},
                 {"config_hash", fmt::format("{:016x}", c_.hash())},
@@ -213,10 +249,12 @@ private:
     std::string run_dir_;
     model::Precision precision_;
     std::set<int64_t> inject_;
+    int dp_size_, dp_rank_;
     ByteCorpus corpus_;
     model::Transformer model_;
-    optim::AdamW adam_;
     optim::LossScaler scaler_;
+    std::unique_ptr<parallel::DataParallel> dp_;
+    std::unique_ptr<optim::AdamW> adam_;
     std::vector<int32_t> tokens_, targets_;
     int64_t start_step_ = 0;
 };
@@ -225,31 +263,39 @@ double Trainer::evaluate() {
     double loss = 0;
     int64_t count = 0;
     for (int64_t i = 0; i < c_.get_int("train.eval_batches"); ++i) {
-        corpus_.batch(true, seed_, 0, i, B_, T_, tokens_.data(), targets_.data());
+        corpus_.batch(true, seed_, 0, i, B_ * dp_size_, sample_offset(), B_, T_, tokens_.data(),
+                      targets_.data());
         const auto r = model_.evaluate(tokens_.data(), targets_.data(), B_, T_);
         loss += r.loss_sum;
         count += r.count;
+    }
+    if (dp_) {
+        loss = dp_->sum(loss);
+        count = int64_t(dp_->sum(double(count)));
     }
     return loss / double(std::max<int64_t>(1, count));
 }
 
 TrainSummary Trainer::run(bool append_metrics) {
-    MetricsLog metrics((fs::path(run_dir_) / "metrics.jsonl").string(), append_metrics);
+    std::optional<MetricsLog> metrics;
+    if (main_rank()) metrics.emplace((fs::path(run_dir_) / "metrics.jsonl").string(), append_metrics);
     const double peak = precision_ == model::Precision::bf16
                             ? kernels::measure_gemm_bf16_peak_flops(0.2)
                             : kernels::measure_gemm_peak_flops(0.2);
     const double flops_per_token = spec_.train_flops_per_token(int(T_));
-    const int64_t tokens_per_step = B_ * T_ * accum_;
-    fmt::print("apiary train: {} model, {:.2f}M parameters, {} layers, C={}, V={}, {}\n",
+    const int64_t tokens_per_step = B_ * T_ * accum_ * dp_size_;
+    say("apiary train: {} model, {:.2f}M parameters, {} layers, C={}, V={}, {}\n",
                core::arch_name(spec_.arch), double(spec_.num_params()) / 1e6, spec_.n_layer,
                spec_.n_embd, spec_.vocab_size, c_.get_string("train.precision"));
-    fmt::print("  corpus {}: {:.2f} MB train, {:.2f} MB held out; unigram loss {:.3f} nats\n",
+    say("  corpus {}: {:.2f} MB train, {:.2f} MB held out; unigram loss {:.3f} nats\n",
                corpus_.source(), double(corpus_.train_size()) / 1e6,
                double(corpus_.val_size()) / 1e6, corpus_.unigram_entropy());
-    fmt::print("  {} steps x {} tokens (B={} T={} accum={}), {} threads, matmul peak {:.0f} "
-               "GFLOP/s\n",
-               steps_, tokens_per_step, B_, T_, accum_, core::num_threads(), peak / 1e9);
-    fmt::print("  run directory {}{}\n", run_dir_,
+    say("  {} steps x {} tokens (B={} T={} accum={} dp={}{}), {} threads/rank, matmul peak "
+        "{:.0f} GFLOP/s/rank\n",
+        steps_, tokens_per_step, B_, T_, accum_, dp_size_,
+        dp_ && dp_->zero_stage() ? fmt::format(" zero={}", dp_->zero_stage()) : "",
+        core::num_threads(), peak / 1e9);
+    say("  run directory {}{}\n", run_dir_,
                start_step_ ? fmt::format(", resuming after step {}", start_step_) : "");
     std::fflush(stdout);
 
@@ -273,29 +319,45 @@ TrainSummary Trainer::run(bool append_metrics) {
         int64_t count = 0;
         // fp16: the loss (and so every gradient) is multiplied by the scale.
         const double scale = scaler_.scale();
+        // Each rank's gradients are of its mean loss; the all-reduce averages
+        // them over ranks: the gradient of the mean over the global batch.
         const float grad_scale = float(scale / double(B_ * T_ * accum_));
         for (int64_t micro = 0; micro < accum_; ++micro) {
-            corpus_.batch(false, seed_, step, micro, B_, T_, tokens_.data(), targets_.data());
-            const auto r = model_.forward_backward(tokens_.data(), targets_.data(), B_, T_,
-                                                   grad_scale);
+            const bool last_micro = micro + 1 == accum_;
+            corpus_.batch(false, seed_, step, micro, B_ * dp_size_, sample_offset(), B_, T_,
+                          tokens_.data(), targets_.data());
+            // Testing hook: an overflowing loss scale on the last rank only;
+            // the all-reduce carries it to every rank.
+            const bool poison = last_micro && inject_.count(step + 1) && dp_rank_ == dp_size_ - 1;
+            if (dp_) dp_->begin_micro_step(last_micro);
+            const auto r = model_.forward_backward(
+                tokens_.data(), targets_.data(), B_, T_,
+                poison ? std::numeric_limits<float>::infinity() : grad_scale);
             loss_sum += r.loss_sum;
             count += r.count;
         }
-        if (inject_.count(step + 1)) model_.grads()[0] = std::numeric_limits<float>::infinity();
-        const double raw_norm = adam_.grad_norm(model_.grads());
+        if (dp_) {
+            dp_->finish_gradients();
+            loss_sum = dp_->sum(loss_sum);
+            count = int64_t(dp_->sum(double(count)));
+        }
+        // After the all-reduce every rank holds the same gradients, so every
+        // rank reaches the same overflow decision from the same norm.
+        const double raw_norm = adam_->grad_norm(model_.grads());
         const bool overflow = !std::isfinite(raw_norm);
         const double lr = optim::lr_schedule(step, steps_, warmup, lr_peak, lr_min);
         const bool apply = scaler_.update(overflow, step + 1);
         if (apply) {
-            adam_.step(model_.params(), model_.grads(), float(lr), float(1.0 / scale), raw_norm);
+            adam_->step(model_.params(), model_.grads(), float(lr), float(1.0 / scale), raw_norm);
+            if (dp_) dp_->gather_parameters();
         } else if (!scaler_.enabled()) {
             throw Error(fmt::format("non-finite gradients at step {} (norm {}): training "
                                     "diverged; lower train.lr (now {}) or raise "
                                     "train.warmup_steps",
                                     step + 1, raw_norm, lr_peak));
         } else {
-            fmt::print("{}step {}: fp16 gradients overflowed; step skipped, loss scale now {}\n",
-                       tty ? "\r\033[K" : "", step + 1, scaler_.scale());
+            say("{}step {}: fp16 gradients overflowed; step skipped, loss scale now {}\n",
+                tty ? "\r\033[K" : "", step + 1, scaler_.scale());
         }
         const double dt = seconds_since(t0);
         const double loss = loss_sum / double(count);
@@ -310,16 +372,17 @@ TrainSummary Trainer::run(bool append_metrics) {
         const bool last = step + 1 == steps_;
         if ((eval_every > 0 && (step + 1) % eval_every == 0) || last) {
             last_eval = evaluate();
-            metrics.write({{"step", step + 1}, {"eval_loss", last_eval}});
+            if (metrics) metrics->write({{"step", step + 1}, {"eval_loss", last_eval}});
         }
         if ((step + 1) % log_every == 0 || last) {
             const double tps = double(tokens_per_step * window_steps) / window_time;
-            const double mfu = tps * flops_per_token / peak;
+            const double mfu = tps * flops_per_token / peak;  // over all ranks' peaks below
             const double eta = double(steps_ - step - 1) * window_time / double(window_steps);
             json rec = {{"step", step + 1}, {"loss", window_loss / double(window_steps)},
                         {"lr", lr}, {"grad_norm", raw_norm / scale},
                         {"step_time_s", window_time / double(window_steps)},
-                        {"tokens_per_s", tps}, {"mfu", mfu}, {"world_size", 1},
+                        {"tokens_per_s", tps}, {"mfu", mfu / dp_size_},
+                        {"world_size", dp_size_},
                         {"tokens", (step + 1) * tokens_per_step},
                         {"elapsed_s", seconds_since(t_start)}};
             if (scaler_.enabled()) {
@@ -327,17 +390,16 @@ TrainSummary Trainer::run(bool append_metrics) {
                 rec["skipped_steps"] = scaler_.skipped_steps();
                 rec["overflows"] = scaler_.overflows();
             }
-            metrics.write(rec);
+            if (dp_) rec["comm_exposed_s"] = dp_->exposed_seconds();
+            if (metrics) metrics->write(rec);
             const std::string eval_part =
                 std::isnan(last_eval) ? "" : fmt::format(" | val {:.4f}", last_eval);
             const std::string scale_part =
                 scaler_.enabled() ? fmt::format(" | scale {:g}", scaler_.scale()) : "";
-            fmt::print("{}step {:>{}}/{} | loss {:.4f}{} | lr {:.2e}{} | {} tok/s | MFU {:.1f}% | "
-                       "ETA {}{}",
-                       tty ? "\r\033[K" : "", step + 1, int(std::to_string(steps_).size()), steps_,
-                       window_loss / double(window_steps), eval_part, lr, scale_part,
-                       format_rate(tps), 100.0 * mfu, format_duration(eta),
-                       tty && !last ? "" : "\n");
+            say("{}step {:>{}}/{} | loss {:.4f}{} | lr {:.2e}{} | {} tok/s | MFU {:.1f}% | ETA {}{}",
+                tty ? "\r\033[K" : "", step + 1, int(std::to_string(steps_).size()), steps_,
+                window_loss / double(window_steps), eval_part, lr, scale_part, format_rate(tps),
+                100.0 * mfu / dp_size_, format_duration(eta), tty && !last ? "" : "\n");
             std::fflush(stdout);
             summary.final_train_loss = window_loss / double(window_steps);
             summary.tokens_per_s = tps;
@@ -345,11 +407,13 @@ TrainSummary Trainer::run(bool append_metrics) {
             window_steps = 0;
         }
         if (ckpt_every > 0 && (step + 1) % ckpt_every == 0 && !last) {
-            save_checkpoint(run_dir_, step + 1, model_, &adam_, checkpoint_meta());
+            save(step + 1);
         }
+        // A signal may reach one rank only: every rank stops after the same step.
+        if (dp_ && dp_->sum(g_stop_requested.load() ? 1.0 : 0.0) > 0) g_stop_requested.store(true);
     }
     if (g_stop_requested.load()) {
-        fmt::print("\ninterrupted after step {}: saving a checkpoint (resume with `apiary train "
+        say("\ninterrupted after step {}: saving a checkpoint (resume with `apiary train "
                    "--resume {}`)\n",
                    step, run_dir_);
         last_eval = evaluate();
@@ -358,9 +422,16 @@ TrainSummary Trainer::run(bool append_metrics) {
     summary.final_eval_loss = last_eval;
     summary.skipped_steps = scaler_.skipped_steps();
     summary.loss_scale = scaler_.scale();
-    summary.checkpoint_dir = save_checkpoint(run_dir_, step, model_, &adam_, checkpoint_meta());
+    summary.checkpoint_dir = save(step);
     const auto mem = core::mem_stats();
-    fmt::print("done: {} steps in {}, val loss {:.4f} (unigram {:.4f}), peak memory {:.1f} MiB; "
+    if (metrics) {
+        json peak_bytes;
+        for (int k = 0; k < core::kNumMemCategories; ++k) {
+            peak_bytes[core::category_name(core::MemCategory(k))] = mem.peak[k];
+        }
+        metrics->write({{"step", step}, {"memory_peak_bytes_per_rank", peak_bytes}});
+    }
+    say("done: {} steps in {}, val loss {:.4f} (unigram {:.4f}), peak memory {:.1f} MiB; "
                "checkpoint {}\n",
                step, format_duration(seconds_since(t_start)), last_eval, summary.unigram_loss,
                double(mem.total_peak) / 1048576.0, summary.checkpoint_dir);
@@ -383,28 +454,64 @@ void check_run_dir(const std::string& dir, bool overwrite) {
 
 }  // namespace
 
-TrainSummary run_training(const core::Config& c, bool overwrite) {
+namespace {
+
+// The data-parallel group of this rank, after checking the layout against
+// the world (all ranks hold the same config: checked by hash first).
+comm::ProcessGroup* data_parallel_group(const core::Config& c, comm::ProcessGroup* world,
+                                        std::unique_ptr<comm::DeviceMesh>& mesh) {
+    const int world_size = world ? world->size() : 1;
+    const comm::MeshShape shape = comm::mesh_shape_from(c, world_size);
+    if (!world || world_size == 1) return nullptr;
+    comm::check_config_hash(*world, c.hash());
+    mesh = std::make_unique<comm::DeviceMesh>(
+        std::shared_ptr<comm::ProcessGroup>(world, [](comm::ProcessGroup*) {}), shape);
+    return &mesh->dp();
+}
+
+void barrier(comm::ProcessGroup* world) {
+    if (world && world->size() > 1) world->barrier({"run_dir", 0})->wait();
+}
+
+}  // namespace
+
+TrainSummary run_training(const core::Config& c, bool overwrite, comm::ProcessGroup* world) {
     const std::string run_dir = c.get_string("run.dir");
+    validate_layout(c);
+    std::unique_ptr<comm::DeviceMesh> mesh;
+    comm::ProcessGroup* dp = data_parallel_group(c, world, mesh);
     check_run_dir(run_dir, overwrite);
     // Builds model, corpus and optimizer: every error surfaces here, before
     // anything in the run directory is touched.
-    Trainer trainer(c);
+    Trainer trainer(c, dp);
     trainer.init_fresh();
-    if (fs::exists(run_dir)) fs::remove_all(run_dir);
-    fs::create_directories(run_dir);
-    const std::string text = c.to_toml();
-    ckpt::atomic_write((fs::path(run_dir) / "config.toml").string(), text.data(), text.size());
+    barrier(world);  // every rank has validated before the first one writes
+    if (!world || world->rank() == 0) {
+        if (fs::exists(run_dir)) fs::remove_all(run_dir);
+        fs::create_directories(run_dir);
+        const std::string text = c.to_toml();
+        ckpt::atomic_write((fs::path(run_dir) / "config.toml").string(), text.data(),
+                           text.size());
+    }
+    barrier(world);
     return trainer.run(false);
 }
 
-TrainSummary resume_training(const core::Config& c) {
+TrainSummary resume_training(const core::Config& c, comm::ProcessGroup* world) {
     const std::string run_dir = c.get_string("run.dir");
+    validate_layout(c);
+    std::unique_ptr<comm::DeviceMesh> mesh;
+    comm::ProcessGroup* dp = data_parallel_group(c, world, mesh);
     const CheckpointRef ck = latest_checkpoint(run_dir);
-    Trainer trainer(c);
+    Trainer trainer(c, dp);
     trainer.load(ck);
-    // Record the config the run continues with (e.g. a raised train.steps).
-    const std::string text = c.to_toml();
-    ckpt::atomic_write((fs::path(run_dir) / "config.toml").string(), text.data(), text.size());
+    barrier(world);
+    if (!world || world->rank() == 0) {
+        // Record the config the run continues with (e.g. a raised train.steps).
+        const std::string text = c.to_toml();
+        ckpt::atomic_write((fs::path(run_dir) / "config.toml").string(), text.data(),
+                           text.size());
+    }
     return trainer.run(true);
 }
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/process_group.h"
 #include "core/config.h"
 
 namespace apiary::train {
@@ -31,12 +32,15 @@ extern std::atomic<bool> g_stop_requested;
 // trains, logging to stdout and <run.dir>/metrics.jsonl, and saves a final
 // checkpoint. An existing non-empty run directory is an error unless
 // overwrite is set.
-TrainSummary run_training(const core::Config& config, bool overwrite);
+// world: the process group of all ranks when launched under MPI (null:
+// one rank). The config's parallel.* layout must match its size.
+TrainSummary run_training(const core::Config& config, bool overwrite,
+                          comm::ProcessGroup* world = nullptr);
 
 // Continues the run in config's run.dir from its latest checkpoint. The
 // caller builds config from the run's own config.toml plus any overrides
 // (e.g. more train.steps). The resumed run sees the same batches and ends
 // with the same parameters as an uninterrupted one.
-TrainSummary resume_training(const core::Config& config);
+TrainSummary resume_training(const core::Config& config, comm::ProcessGroup* world = nullptr);
 
 }  // namespace apiary::train

@@ -31,7 +31,7 @@ std::string error_of(auto&& fn) {
 TEST(Config, DefaultsAndOverrides) {
     const Schema s = test_schema();
     Config c(s);
-    EXPECT_EQ(c.get_int("train.batch_size"), 8);
+    EXPECT_EQ(c.get_int("train.batch_size"), 16);
     EXPECT_FALSE(c.is_set("train.batch_size"));
     c.set("train.batch_size=16");
     c.set("train.lr=1e-3");

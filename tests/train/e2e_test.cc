@@ -18,10 +18,11 @@ TEST(DefaultJob, TrainsBelowUnigramAndGeneratesWords) {
     const fs::path run = fs::temp_directory_path() / ("apiary_e2e_" + std::to_string(::getpid()));
     fs::remove_all(run);
     const auto t = run_command(apiary_bin() + " train --set run.dir=" + run.string() +
-                               " --set train.steps=150 --set train.eval_every=50 "
-                               "--set train.batch_size=8 --set train.seq_len=128");
+                               " --set train.steps=300 --set train.warmup_steps=30 "
+                               "--set train.eval_every=100 --set train.batch_size=16 "
+                               "--set train.seq_len=64");
     ASSERT_EQ(t.exit_code, 0) << t.output;
-    EXPECT_NE(t.output.find("step 150/150"), std::string::npos) << t.output;
+    EXPECT_NE(t.output.find("step 300/300"), std::string::npos) << t.output;
 
     // Unigram loss from the banner, final eval loss from metrics.jsonl.
     std::smatch m;
@@ -36,15 +37,16 @@ TEST(DefaultJob, TrainsBelowUnigramAndGeneratesWords) {
         if (j.contains("eval_loss")) eval = j["eval_loss"], ++eval_lines;
     }
     EXPECT_EQ(eval_lines, 3);
-    // 150 short steps: the model must already have learned far more than
-    // letter frequencies (unigram ~3.07 nats on this corpus).
-    EXPECT_LT(eval, unigram - 0.6) << "eval " << eval << " unigram " << unigram;
+    // 300 short steps: the model must already have learned far more than
+    // letter frequencies (unigram ~3.07 nats on this corpus; ~1.99 reached).
+    EXPECT_LT(eval, unigram - 0.8) << "eval " << eval << " unigram " << unigram;
 
     const auto g = run_command(apiary_bin() + " generate --run " + run.string() +
                                " --prompt 'And the LORD said' --tokens 200 --seed 3");
     ASSERT_EQ(g.exit_code, 0) << g.output;
     int words = 0;
-    for (const char* w : {" the ", " and ", " of ", " unto ", " he ", " that ", " in "}) {
+    for (const char* w : {" the ", " and ", " of ", " unto ", " he ", " that ", " in ", " his ",
+                          " him ", " shall ", " LORD", " is ", " be "}) {
         if (g.output.find(w) != std::string::npos) ++words;
     }
     EXPECT_GE(words, 2) << g.output;

@@ -82,7 +82,7 @@ void run_plan(const Options& o) {
 void run_search(const Options& o, bool by_cost, int top, bool vary) {
     const core::Config cfg = resolve(o);
     // The layout keys only seed the device count and batch; search varies them.
-    const plan::PlanInput in = plan::plan_input(cfg);
+    const plan::PlanInput in = plan::search_input(cfg);
     plan::SearchOptions so;
     so.by_cost = by_cost;
     so.top = top;

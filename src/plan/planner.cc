@@ -197,7 +197,11 @@ std::string layout_problem(const Workload& w, const Layout& l) {
     return "";
 }
 
-PlanInput plan_input(const core::Config& cfg) {
+PlanInput plan_input(const core::Config& cfg) { return resolve_input(cfg, true); }
+
+PlanInput search_input(const core::Config& cfg) { return resolve_input(cfg, false); }
+
+PlanInput resolve_input(const core::Config& cfg, bool check_layout) {
     PlanInput in;
     Workload& w = in.w;
     Layout& l = in.l;
@@ -217,7 +221,10 @@ PlanInput plan_input(const core::Config& cfg) {
     long long n = cfg.get_int("cluster.gpus");
     long long dp = cfg.get_int("parallel.dp");
     if (n == 0) n = model_par * std::max<long long>(1, dp);
-    if (dp == 0) {
+    if (!check_layout) {
+        // Search varies the layout: keep only the device count and batch.
+        if (dp == 0 || dp * model_par != n) dp = std::max<long long>(1, n / model_par);
+    } else if (dp == 0) {
         if (n % model_par != 0) {
             throw ConfigError(fmt::format(
                 "cluster.gpus = {} is not divisible by parallel.tp x parallel.pp = {} x {}: "
@@ -233,6 +240,8 @@ PlanInput plan_input(const core::Config& cfg) {
     l.dp = dp;
     const long long gb = cfg.get_int("plan.global_batch");
     w.global_batch = gb > 0 ? gb : l.micro_batch * cfg.get_int("train.grad_accum") * dp;
+    in.c = cluster_from(cfg, n);
+    if (!check_layout) return in;
     if (auto p = layout_problem(w, l); !p.empty()) throw ConfigError(p);
     l.n_micro = w.global_batch / (l.dp * l.micro_batch);
     if (auto mb = cfg.get_int("parallel.microbatches"); mb > 0 && mb != l.n_micro) {
@@ -241,7 +250,6 @@ PlanInput plan_input(const core::Config& cfg) {
             w.global_batch, l.dp, l.micro_batch, l.n_micro));
     }
     if (l.zero > 0 && l.dp == 1) l.zero = 0;  // nothing to shard over
-    in.c = cluster_from(cfg, n);
     return in;
 }
 

@@ -22,6 +22,10 @@ struct PlanInput {
 // Resolves the config into a plan input. Throws ConfigError naming the key
 // when a layout does not divide (devices, heads, layers, global batch).
 PlanInput plan_input(const core::Config& config);
+// The same without layout checks: the device count, model and global batch
+// for `plan search`, which varies the layout itself.
+PlanInput search_input(const core::Config& config);
+PlanInput resolve_input(const core::Config& config, bool check_layout);
 // The cluster alone (device, links, topology, prices, power, calibration).
 Cluster cluster_from(const core::Config& config, long long devices);
 // Checks that a layout divides the model and batch; "" when it does, else why.

@@ -1,0 +1,191 @@
+// Published training runs as test cases: the planner must land within 15% of
+// measured throughput and within 10% of published memory. Each case states
+// the figure and where it was published. The A100's one fitted constant
+// (gemm_eff, plan/catalog.cc) was set on Korthikanti et al. 2022's 175B run;
+// every other case is out of sample.
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "plan/memory.h"
+#include "test_util.h"
+
+namespace apiary::plan {
+namespace {
+
+using test::megatron_gpt;
+using test::operator+;
+using test::plan_of;
+
+struct MegatronRun {
+    const char* name;
+    int layers, hidden, heads, tp, pp, gpus, batch;
+    double tflops;  // achieved TFLOP/s per GPU, recomputation included
+};
+
+// Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
+// GPU Clusters Using Megatron-LM", Table 1 (weak scaling, A100-80GB,
+// vocabulary 51,200, sequence 2,048, full activation recomputation; the
+// reported FLOP/s count the recomputed forward: 96 B s l h^2 (1 + s/6h +
+// V/16lh)).
+const MegatronRun kTable1[] = {
+    {"1.7B", 24, 2304, 24, 1, 1, 32, 512, 137},
+    {"3.6B", 30, 3072, 32, 2, 1, 64, 512, 138},
+    {"7.5B", 36, 4096, 32, 4, 1, 128, 512, 142},
+    {"18.4B", 40, 6144, 48, 8, 1, 256, 1024, 135},
+    {"39.1B", 48, 8192, 64, 8, 2, 512, 1536, 138},
+    {"76.1B", 60, 10240, 80, 8, 4, 1024, 1792, 140},
+    {"145.6B", 80, 12288, 96, 8, 8, 1536, 2304, 148},
+    {"310.1B", 96, 16384, 128, 8, 16, 1920, 2160, 155},
+    {"529.6B", 105, 20480, 128, 8, 35, 2520, 2520, 163},
+    {"1008B", 128, 25600, 160, 8, 64, 3072, 3072, 163},
+};
+
+std::vector<std::string> megatron_layout(const MegatronRun& r, const char* recompute) {
+    return megatron_gpt(r.layers, r.hidden, r.heads) +
+           std::vector<std::string>{
+               "cluster.device=A100-80GB",
+               "cluster.gpus=" + std::to_string(r.gpus),
+               "parallel.tp=" + std::to_string(r.tp),
+               "parallel.pp=" + std::to_string(r.pp),
+               "plan.global_batch=" + std::to_string(r.batch),
+               "train.batch_size=1",
+               "train.precision=fp16",
+               std::string("parallel.recompute=") + recompute,
+           };
+}
+
+double hw_tflops(const Plan& p) {
+    return p.st.hw_flops / p.st.total / double(p.l.devices()) / 1e12;
+}
+
+TEST(PlanPublished, MegatronTable1WeakScaling) {
+    for (const auto& r : kTable1) {
+        const Plan p = plan_of(megatron_layout(r, "full"));
+        EXPECT_TRUE(p.fits) << r.name << ": " << p.why;
+        EXPECT_NEAR(hw_tflops(p) / r.tflops, 1.0, 0.15)
+            << r.name << ": planner " << hw_tflops(p) << " TFLOP/s, published " << r.tflops;
+    }
+}
+
+// Narayanan et al. 2021, Section 5.1: GPT-3 175B on 1,024 A100s at batch 1,536
+// sustains 140 TFLOP/s per GPU, so 300B tokens take about 34 days
+// (8 T P / (n X) = 8 x 300e9 x 175e9 / (1024 x 140e12)).
+TEST(PlanPublished, Gpt3On1024A100) {
+    const Plan p = plan_of({"model.preset=gpt3-175b", "model.vocab_size=51200",
+                            "train.seq_len=2048", "cluster.device=A100-80GB", "cluster.gpus=1024",
+                            "parallel.tp=8", "parallel.pp=16", "plan.global_batch=1536",
+                            "train.batch_size=1", "train.precision=fp16",
+                            "parallel.recompute=full", "plan.tokens=300e9",
+                            "cluster.mtbf_node_hours=1e9"});
+    ASSERT_TRUE(p.fits) << p.why;
+    EXPECT_NEAR(hw_tflops(p) / 140.0, 1.0, 0.15) << hw_tflops(p);
+    EXPECT_NEAR(p.tot.wall_s / 86400 / 34.0, 1.0, 0.15) << p.tot.wall_s / 86400;
+}
+
+struct MfuRun {
+    const char* name;
+    int layers, hidden, heads, tp, pp, gpus, micro, batch;
+    double mfu, hfu;
+};
+
+// Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+// Transformer Models", Tables 3 and 5 (also the Megatron-LM README):
+// sequence parallelism + selective recomputation on A100-80GB, data
+// parallel size 1. MFU 41.5 / 51.4 / 56.0 / 56.3%, HFU 43.7 / 52.8 / 57.0 / 57.0%.
+const MfuRun kKorthikanti[] = {
+    {"22B", 48, 6144, 64, 8, 1, 8, 4, 4, 0.415, 0.437},
+    {"175B", 96, 12288, 96, 8, 8, 64, 1, 64, 0.514, 0.528},
+    {"530B", 105, 20480, 128, 8, 35, 280, 1, 280, 0.560, 0.570},
+    {"1T", 128, 25600, 160, 8, 64, 512, 1, 512, 0.563, 0.570},
+};
+
+TEST(PlanPublished, KorthikantiMfuWithSequenceParallelAndSelectiveRecompute) {
+    for (const auto& r : kKorthikanti) {
+        const Plan p = plan_of(
+            megatron_gpt(r.layers, r.hidden, r.heads) +
+            std::vector<std::string>{"cluster.device=A100-80GB",
+                                     "cluster.gpus=" + std::to_string(r.gpus),
+                                     "parallel.tp=" + std::to_string(r.tp),
+                                     "parallel.pp=" + std::to_string(r.pp),
+                                     "plan.global_batch=" + std::to_string(r.batch),
+                                     "train.batch_size=" + std::to_string(r.micro),
+                                     "train.precision=bf16", "parallel.recompute=selective",
+                                     "parallel.sequence_parallel=true"});
+        EXPECT_TRUE(p.fits) << r.name << ": " << p.why;
+        EXPECT_NEAR(p.st.mfu / r.mfu, 1.0, 0.15) << r.name << ": planner MFU " << p.st.mfu;
+        EXPECT_NEAR(p.st.hfu / r.hfu, 1.0, 0.15) << r.name << ": planner HFU " << p.st.hfu;
+    }
+}
+
+// Korthikanti et al. 2022, abstract and Figure 7: sequence parallelism with
+// selective recomputation cuts activation memory about 5x against no
+// recomputation (530B and 1T, t = 8).
+TEST(PlanPublished, KorthikantiFiveTimesLessActivationMemory) {
+    for (const auto& r : {kKorthikanti[2], kKorthikanti[3]}) {
+        core::ModelSpec m = core::preset("gpt3-175b");
+        m.n_layer = r.layers, m.n_embd = r.hidden, m.n_head = r.heads, m.n_kv_head = r.heads;
+        const double none =
+            layer_activation_bytes(m, 2048, 1, 8, false, Recompute::none, Dtype::bf16);
+        const double both =
+            layer_activation_bytes(m, 2048, 1, 8, true, Recompute::selective, Dtype::bf16);
+        EXPECT_NEAR(none / both, 5.0, 0.5) << r.name;
+    }
+}
+
+// Rajbhandari et al. 2020 (ZeRO), Section 1 / Figure 1: a 7.5B model on 64
+// GPUs needs 120 GB per GPU of model states without sharding and 1.9 GB
+// with P_os+g+p. The planner's per-device model states for a 7.5B GPT
+// (Megatron 7.5B shape) on 64 GPUs must land within 10%.
+TEST(PlanPublished, ZeroPaperModelStates) {
+    for (const auto& [stage, gb] : {std::pair{0, 120.0}, {1, 31.4}, {2, 16.6}, {3, 1.9}}) {
+        const Plan p = plan_of(megatron_gpt(36, 4096, 32) +
+                               std::vector<std::string>{
+                                   "cluster.device=A100-80GB", "cluster.gpus=64",
+                                   "parallel.zero_stage=" + std::to_string(stage),
+                                   "train.batch_size=1", "train.precision=fp16"});
+        const double states = (p.mem.params + p.mem.grads + p.mem.optimizer) / 1e9;
+        EXPECT_NEAR(states / gb, 1.0, 0.10) << "stage " << stage << ": " << states << " GB";
+    }
+}
+
+// Smith et al. 2022, "Using DeepSpeed and Megatron to Train Megatron-Turing
+// NLG 530B", Table 2: 280 / 350 / 420 DGX A100 nodes, t = 8, p = 35, batch
+// 1,920: 126 / 121 / 113 TFLOP/s per GPU (iteration 60.1 / 50.2 / 44.4 s).
+// A known miss: DeepSpeed's pipeline engine reached ~77% of what
+// Megatron-LM reached on the same 530B shape (163 TFLOP/s, Table 1 above),
+// and the planner models one software stack, so it lands ~20-28% high.
+// Checked at 30% so that a regression still fails; see docs/planner.md.
+TEST(PlanPublished, MtNlgKnownOptimism) {
+    const std::pair<int, double> runs[] = {{2240, 126}, {2800, 121}, {3360, 113}};
+    double prev = 1e9;
+    for (const auto& [gpus, tflops] : runs) {
+        const Plan p = plan_of(megatron_gpt(105, 20480, 128) +
+                               std::vector<std::string>{
+                                   "cluster.device=A100-80GB",
+                                   "cluster.gpus=" + std::to_string(gpus), "parallel.tp=8",
+                                   "parallel.pp=35", "plan.global_batch=1920",
+                                   "train.batch_size=1", "train.precision=bf16",
+                                   "parallel.recompute=full"});
+        EXPECT_NEAR(hw_tflops(p) / tflops, 1.0, 0.30) << gpus << ": " << hw_tflops(p);
+        EXPECT_GT(hw_tflops(p), tflops);  // the direction of the known bias
+        // Per-GPU throughput falls as the pipeline gets fewer micro-batches.
+        EXPECT_LT(hw_tflops(p), prev);
+        prev = hw_tflops(p);
+    }
+}
+
+// Layouts the papers could not run must not fit here either: GPT-3 175B
+// without any parallelism needs ~2.8 TB of model states (16 bytes/param).
+TEST(PlanPublished, Gpt3DoesNotFitOnOneGpu) {
+    const Plan p = plan_of({"model.preset=gpt3-175b", "cluster.device=A100-80GB",
+                            "cluster.gpus=1", "train.precision=bf16", "train.batch_size=1",
+                            "train.seq_len=2048"});
+    EXPECT_FALSE(p.fits);
+    EXPECT_NEAR((p.mem.params + p.mem.grads + p.mem.optimizer) / 1e12, 2.8, 0.1);
+    EXPECT_NE(p.why.find("A100-80GB"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace apiary::plan

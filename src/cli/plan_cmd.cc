@@ -156,6 +156,7 @@ void setup(CLI::App& app) {
         plan::write_calibration(c, out);
         fmt::print("calibrated {} on {} runs: gemm_eff {:.4g}", c.device, c.runs, c.gemm_eff);
         if (c.mem_eff > 0) fmt::print(", mem_eff {:.4g}", c.mem_eff);
+        if (c.gemm_knee > 0) fmt::print(", gemm_knee {:.4g}", c.gemm_knee);
         if (c.intra_bw > 0) fmt::print(", intra bw {:.4g} GB/s", c.intra_bw / 1e9);
         if (c.intra_latency > 0) fmt::print(", latency {:.4g} us", c.intra_latency * 1e6);
         fmt::print("\n{:<40} {:>6} {:>11} {:>11} {:>11}\n", "run", "ranks", "measured s",

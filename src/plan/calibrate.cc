@@ -37,6 +37,7 @@ Calibration read_calibration(const std::string& path) {
     }
     cal.gemm_eff = (*c)["gemm_eff"].value_or(0.0);
     cal.mem_eff = (*c)["mem_eff"].value_or(0.0);
+    cal.gemm_knee = (*c)["gemm_knee"].value_or(0.0);
     cal.intra_bw = (*c)["intra_bw_gbs"].value_or(0.0) * 1e9;
     cal.intra_latency = (*c)["intra_latency_us"].value_or(0.0) * 1e-6;
     cal.runs = int((*c)["runs"].value_or(int64_t(0)));
@@ -52,6 +53,7 @@ void write_calibration(const Calibration& cal, const std::string& path) {
     out << "device = " << core::toml_quote(cal.device) << "\n";
     out << fmt::format("gemm_eff = {:.6g}\n", cal.gemm_eff);
     out << fmt::format("mem_eff = {:.6g}\n", cal.mem_eff);
+    out << fmt::format("gemm_knee = {:.6g}\n", cal.gemm_knee);
     out << fmt::format("intra_bw_gbs = {:.6g}\n", cal.intra_bw / 1e9);
     out << fmt::format("intra_latency_us = {:.6g}\n", cal.intra_latency * 1e6);
     out << fmt::format("runs = {}\n", cal.runs);
@@ -77,6 +79,7 @@ void apply_calibration(const Calibration& cal, Cluster& c) {
     }
     if (cal.gemm_eff > 0) c.dev.gemm_eff = cal.gemm_eff;
     if (cal.mem_eff > 0) c.dev.mem_eff = cal.mem_eff;
+    if (cal.gemm_knee > 0) c.dev.gemm_knee = cal.gemm_knee;
     // The fitted link is what MPI sustains: efficiency folded into bw.
     if (cal.intra_bw > 0) c.intra.bw = cal.intra_bw, c.intra.efficiency = 1;
     if (cal.intra_latency > 0) c.intra.latency = cal.intra_latency;
@@ -236,6 +239,15 @@ Calibration calibrate(const std::vector<RunRecord>& runs) {
     if (runs.size() >= 3) {
         cal.mem_eff = c0.dev.mem_eff;
         params.push_back({"mem_eff", 1e-3, 1.0, &cal.mem_eff});
+    }
+    std::set<std::string> shapes;
+    for (const auto& r : runs) {
+        shapes.insert(fmt::format("{} {} {} {}", r.in.w.model.n_embd, r.in.w.seq_len,
+                                  r.in.l.micro_batch, r.in.l.devices()));
+    }
+    if (shapes.size() >= 4) {  // matrix sizes vary enough to see the knee
+        cal.gemm_knee = c0.dev.gemm_knee;
+        params.push_back({"gemm_knee", 1.0, 4096.0, &cal.gemm_knee});
     }
     std::set<std::string> multi;
     for (const auto& r : runs) {

@@ -149,6 +149,7 @@ std::map<std::string, Device> make_devices() {
         c.devices_per_node = 64, c.intra_link = "shm", c.inter_link = "eth-25g";
         c.topology = "fat-tree", c.host_w_per_node = 30, c.reserved_bytes = 0.2 * kGiB;
         c.price_hour = 0.08, c.spot_price_hour = 0.03, c.shared_by_ranks = true;
+        c.cores = 2, c.dp_overlap = 0;
         c.source = "measured on this machine (2 vCPU AMD EPYC Zen 5)";
     }
     return t;

@@ -62,6 +62,11 @@ struct Device {
     // Ranks placed on one node share this device's compute and memory
     // bandwidth (a CPU: every MPI rank is a share of the same cores).
     bool shared_by_ranks = false;
+    int cores = 1;  // threads one rank can use when it has the device alone (CPU cores)
+    // Fraction of a micro-batch's backward that DP communication can hide
+    // behind: 1 for GPU frameworks that bucket and overlap (DDP, Megatron),
+    // 0 for a blocking all-reduce after backward.
+    double dp_overlap = 1.0;
     std::string source;
 
     double peak(Dtype d) const;  // falls back to the next wider dtype when 0

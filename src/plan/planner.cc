@@ -75,8 +75,10 @@ void add_keys(core::Schema& s) {
     s.add_real("cluster.mem_bw_gbs", 0, "override memory bandwidth in GB/s (0: catalog)", 0, 1e6);
     s.add_real("cluster.gemm_eff", 0,
                "override the achievable fraction of peak for large GEMMs (0: catalog)", 0, 1);
-    s.add_real("cluster.dp_overlap", 1.0,
-               "fraction of a micro-batch's backward that can hide DP communication", 0, 1);
+    s.add_real("cluster.dp_overlap", -1,
+               "fraction of a micro-batch's backward that can hide DP communication "
+               "(-1: the device's: 1 for GPUs, 0 for CPU ranks)",
+               -1, 1);
     s.add_real("cluster.price_per_hour", 0, "USD per device-hour on demand (0: catalog)", 0, 1e6);
     s.add_real("cluster.spot_price_per_hour", 0, "USD per device-hour on spot (0: catalog)", 0,
                1e6);
@@ -132,6 +134,7 @@ Cluster cluster_from(const core::Config& cfg, long long devices) {
     c.n = devices;
     c.algo = parse_algo(cfg.get_string("cluster.collective"));
     c.dp_overlap = cfg.get_real("cluster.dp_overlap");
+    if (c.dp_overlap < 0) c.dp_overlap = d.dp_overlap;
     c.pue = cfg.get_real("cluster.pue");
     c.idle_frac = cfg.get_real("cluster.idle_frac");
     c.network_w_per_device = cfg.get_real("cluster.network_w_per_device");

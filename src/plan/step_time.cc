@@ -50,8 +50,12 @@ LayerCost layer_cost(const Workload& w, const Layout& l, const Cluster& c) {
     const double peak = d.peak(w.dtype) * c.share();
     const double t = l.tp, s = w.seq_len, b = l.micro_batch, tok = s * b;
     const double C = m.n_embd, KV = m.kv_dim(), F = m.ffn_dim(), HS = m.head_size();
+    // A rank's GEMM is split over its threads by rows: each thread sees m/threads.
+    const double threads = d.shared_by_ranks
+                               ? std::max(1.0, double(d.cores) / double(c.ranks_per_node()))
+                               : 1.0;
     auto gemm = [&](double mm, double nn, double kk, double batch) {
-        return batch * 2 * mm * nn * kk / (peak * gemm_efficiency(d, mm, nn, kk));
+        return batch * 2 * mm * nn * kk / (peak * gemm_efficiency(d, mm / threads, nn, kk));
     };
     LayerCost lc;
     double g = gemm(tok, (C + 2 * KV) / t, C, 1);           // QKV

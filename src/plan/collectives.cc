@@ -61,13 +61,17 @@ Path group_path(const Cluster& c, Group g) {
 
 namespace {
 
-double all_reduce_path(const Cluster& c, const Path& p, long long n, double bytes) {
+// tree_ok: all-gather and reduce-scatter have no tree algorithm in NCCL (ring
+// only), so their latency grows with n whatever cluster.collective says.
+double all_reduce_path(const Cluster& c, const Path& p, long long n, double bytes, bool tree_ok) {
     if (n <= 1) return 0;
+    const Algo algo = !tree_ok && c.algo == Algo::tree ? Algo::ring : c.algo;
     if (p.nodes == 1) {
         const double ring = ring_all_reduce_s(n, bytes, p.intra_bw, p.intra_alpha);
-        const double tree = tree_all_reduce_s(n, bytes, p.intra_bw, p.intra_alpha);
-        if (c.algo == Algo::tree) return tree;
-        if (c.algo == Algo::automatic) return std::min(ring, tree);
+        const double tree =
+            tree_ok ? tree_all_reduce_s(n, bytes, p.intra_bw, p.intra_alpha) : ring;
+        if (algo == Algo::tree) return tree;
+        if (algo == Algo::automatic) return std::min(ring, tree);
         return ring;
     }
     // Across nodes the members of a node drive their NICs in parallel
@@ -77,12 +81,12 @@ double all_reduce_path(const Cluster& c, const Path& p, long long n, double byte
     double bus = p.inter_bw * k;
     if (p.per_node > 1) bus = std::min(bus, p.intra_bw);
     const double ring = ring_all_reduce_s(n, bytes, bus, p.inter_alpha);
-    const double tree = tree_all_reduce_s(n, bytes, bus, p.inter_alpha);
+    const double tree = tree_ok ? tree_all_reduce_s(n, bytes, bus, p.inter_alpha) : ring;
     // Hierarchical: reduce-scatter inside the node, all-reduce S/k across
     // nodes on each NIC, all-gather inside the node.
     const double hier = 2 * ring_reduce_scatter_s(p.per_node, bytes, p.intra_bw, p.intra_alpha) +
                         ring_all_reduce_s(p.nodes, bytes / k, p.inter_bw, p.inter_alpha);
-    switch (c.algo) {
+    switch (algo) {
         case Algo::ring: return ring;
         case Algo::tree: return tree;
         case Algo::hierarchical: return hier;
@@ -95,12 +99,14 @@ double all_reduce_path(const Cluster& c, const Path& p, long long n, double byte
 
 double all_reduce_s(const Cluster& c, Group g, double bytes) {
     if (g.size <= 1 || bytes <= 0) return 0;
-    return all_reduce_path(c, group_path(c, g), g.size, bytes);
+    return all_reduce_path(c, group_path(c, g), g.size, bytes, true);
 }
 
 double reduce_scatter_s(const Cluster& c, Group g, double bytes) {
-    // Half of a ring all-reduce whichever algorithm the all-reduce uses.
-    return 0.5 * all_reduce_s(c, g, bytes);
+    // Half of an all-reduce done as reduce-scatter + all-gather (ring or
+    // hierarchical; never a tree).
+    if (g.size <= 1 || bytes <= 0) return 0;
+    return 0.5 * all_reduce_path(c, group_path(c, g), g.size, bytes, false);
 }
 
 double p2p_s(const Cluster& c, long long stride, double bytes) {

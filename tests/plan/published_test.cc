@@ -1,8 +1,8 @@
 // Published training runs as test cases: the planner must land within 15% of
 // measured throughput and within 10% of published memory. Each case states
 // the figure and where it was published. The A100's one fitted constant
-// (gemm_eff, plan/catalog.cc) was set on Korthikanti et al. 2022's 175B run;
-// every other case is out of sample.
+// (gemm_eff = 0.70, plan/catalog.cc) was chosen against Korthikanti et al.
+// 2022's 175B run; every other case is out of sample.
 
 #include <gtest/gtest.h>
 
@@ -84,44 +84,131 @@ TEST(PlanPublished, Gpt3On1024A100) {
     EXPECT_NEAR(p.tot.wall_s / 86400 / 34.0, 1.0, 0.15) << p.tot.wall_s / 86400;
 }
 
-struct MfuRun {
-    const char* name;
-    int layers, hidden, heads, tp, pp, gpus, micro, batch;
-    double mfu, hfu;
-};
-
-// Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-// Transformer Models", Tables 3 and 5 (also the Megatron-LM README):
-// sequence parallelism + selective recomputation on A100-80GB, data
-// parallel size 1. MFU 41.5 / 51.4 / 56.0 / 56.3%, HFU 43.7 / 52.8 / 57.0 / 57.0%.
-const MfuRun kKorthikanti[] = {
-    {"22B", 48, 6144, 64, 8, 1, 8, 4, 4, 0.415, 0.437},
-    {"175B", 96, 12288, 96, 8, 8, 64, 1, 64, 0.514, 0.528},
-    {"530B", 105, 20480, 128, 8, 35, 280, 1, 280, 0.560, 0.570},
-    {"1T", 128, 25600, 160, 8, 64, 512, 1, 512, 0.563, 0.570},
-};
-
-TEST(PlanPublished, KorthikantiMfuWithSequenceParallelAndSelectiveRecompute) {
-    for (const auto& r : kKorthikanti) {
-        const Plan p = plan_of(
-            megatron_gpt(r.layers, r.hidden, r.heads) +
-            std::vector<std::string>{"cluster.device=A100-80GB",
-                                     "cluster.gpus=" + std::to_string(r.gpus),
-                                     "parallel.tp=" + std::to_string(r.tp),
-                                     "parallel.pp=" + std::to_string(r.pp),
-                                     "plan.global_batch=" + std::to_string(r.batch),
-                                     "train.batch_size=" + std::to_string(r.micro),
-                                     "train.precision=bf16", "parallel.recompute=selective",
-                                     "parallel.sequence_parallel=true"});
-        EXPECT_TRUE(p.fits) << r.name << ": " << p.why;
-        EXPECT_NEAR(p.st.mfu / r.mfu, 1.0, 0.15) << r.name << ": planner MFU " << p.st.mfu;
-        EXPECT_NEAR(p.st.hfu / r.hfu, 1.0, 0.15) << r.name << ": planner HFU " << p.st.hfu;
+// Narayanan et al. 2021, Table 2 (PTD-P rows): GPT-3 175B (t = 8, p = 12,
+// batch 1,536) on 384 / 768 / 1,536 A100s: 153 / 149 / 141 TFLOP/s per GPU
+// and 84 / 43 / 23 days for 300B tokens; the 530B model (t = 8, p = 35,
+// batch 2,240) on 560 / 1,120 / 2,240: 171 / 167 / 159. Interleaved schedule
+// for 175B (Section 5.3.2), microbatch 1. (The ZeRO-3 rows of the same table,
+// DeepSpeed 2021, are a known miss: docs/planner.md.)
+TEST(PlanPublished, MegatronTable2StrongScaling) {
+    struct Row {
+        int gpus;
+        double tflops, days;
+    };
+    for (const Row& r : {Row{384, 153, 84}, Row{768, 149, 43}, Row{1536, 141, 23}}) {
+        const Plan p = plan_of(megatron_gpt(96, 12288, 96) +
+                               std::vector<std::string>{
+                                   "cluster.device=A100-80GB",
+                                   "cluster.gpus=" + std::to_string(r.gpus), "parallel.tp=8",
+                                   "parallel.pp=12", "plan.global_batch=1536",
+                                   "train.batch_size=1", "train.precision=fp16",
+                                   "parallel.recompute=full", "parallel.schedule=interleaved",
+                                   "plan.virtual_stages=2", "plan.tokens=300e9",
+                                   "cluster.mtbf_node_hours=1e9"});
+        EXPECT_NEAR(hw_tflops(p) / r.tflops, 1.0, 0.15) << r.gpus << ": " << hw_tflops(p);
+        EXPECT_NEAR(p.tot.wall_s / 86400 / r.days, 1.0, 0.15) << r.gpus;
+    }
+    for (const Row& r : {Row{560, 171, 156}, Row{1120, 167, 80}, Row{2240, 159, 42}}) {
+        const Plan p = plan_of(megatron_gpt(105, 20480, 128) +
+                               std::vector<std::string>{
+                                   "cluster.device=A100-80GB",
+                                   "cluster.gpus=" + std::to_string(r.gpus), "parallel.tp=8",
+                                   "parallel.pp=35", "plan.global_batch=2240",
+                                   "train.batch_size=1", "train.precision=fp16",
+                                   "parallel.recompute=full", "plan.tokens=300e9",
+                                   "cluster.mtbf_node_hours=1e9"});
+        EXPECT_NEAR(hw_tflops(p) / r.tflops, 1.0, 0.15) << r.gpus << ": " << hw_tflops(p);
+        EXPECT_NEAR(p.tot.wall_s / 86400 / r.days, 1.0, 0.15) << r.gpus;
     }
 }
 
-// Korthikanti et al. 2022, abstract and Figure 7: sequence parallelism with
-// selective recomputation cuts activation memory about 5x against no
-// recomputation (530B and 1T, t = 8).
+struct KorthikantiRun {
+    const char* name;
+    int layers, hidden, heads, pp, gpus, batch, micro, vpp;
+    double full_s, present_s;  // iteration time, full recompute / SP + selective
+    double mfu, hfu;           // of the present work
+};
+
+// Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+// Transformer Models": Table 3 (configurations: t = 8, s = 2048, v = 51,200,
+// no data parallelism, interleaved schedule with 3 stages for 175B and 530B)
+// and Table 5 (iteration time with full recomputation and with sequence
+// parallelism + selective recomputation; MFU / HFU of the latter).
+const KorthikantiRun kKorthikanti[] = {
+    {"22B", 48, 6144, 64, 1, 8, 4, 4, 1, 1.42, 1.10, 0.415, 0.437},
+    {"175B", 96, 12288, 96, 8, 64, 64, 1, 3, 18.13, 13.75, 0.514, 0.528},
+    {"530B", 105, 20480, 128, 35, 280, 280, 1, 3, 49.05, 37.83, 0.560, 0.570},
+    {"1T", 128, 25600, 160, 64, 512, 512, 1, 1, 94.42, 71.49, 0.563, 0.570},
+};
+
+std::vector<std::string> korthikanti_layout(const KorthikantiRun& r, const char* recompute,
+                                            bool sp) {
+    std::vector<std::string> v = megatron_gpt(r.layers, r.hidden, r.heads) +
+                                 std::vector<std::string>{
+                                     "cluster.device=A100-80GB",
+                                     "cluster.gpus=" + std::to_string(r.gpus),
+                                     "parallel.tp=8",
+                                     "parallel.pp=" + std::to_string(r.pp),
+                                     "plan.global_batch=" + std::to_string(r.batch),
+                                     "train.batch_size=" + std::to_string(r.micro),
+                                     "train.precision=bf16",
+                                     std::string("parallel.recompute=") + recompute,
+                                     std::string("parallel.sequence_parallel=") +
+                                         (sp ? "true" : "false"),
+                                 };
+    if (r.vpp > 1) {
+        v.push_back("parallel.schedule=interleaved");
+        v.push_back("plan.virtual_stages=" + std::to_string(r.vpp));
+    }
+    return v;
+}
+
+TEST(PlanPublished, KorthikantiIterationTimes) {
+    for (const auto& r : kKorthikanti) {
+        const Plan full = plan_of(korthikanti_layout(r, "full", false));
+        EXPECT_TRUE(full.fits) << r.name << ": " << full.why;
+        EXPECT_NEAR(full.st.total / r.full_s, 1.0, 0.15)
+            << r.name << " full recompute: planner " << full.st.total << " s";
+        const Plan p = plan_of(korthikanti_layout(r, "selective", true));
+        EXPECT_TRUE(p.fits) << r.name << ": " << p.why;
+        EXPECT_NEAR(p.st.total / r.present_s, 1.0, 0.15)
+            << r.name << " SP + selective: planner " << p.st.total << " s";
+        EXPECT_NEAR(p.st.mfu / r.mfu, 1.0, 0.15) << r.name << ": planner MFU " << p.st.mfu;
+        EXPECT_NEAR(p.st.hfu / r.hfu, 1.0, 0.15) << r.name << ": planner HFU " << p.st.hfu;
+        // The paper's headline: ~30% faster than full recomputation.
+        EXPECT_NEAR(full.st.total / p.st.total, r.full_s / r.present_s, 0.1) << r.name;
+    }
+}
+
+// Korthikanti et al. 2022, Section 6.3: the 530B model with 8-way data
+// parallelism (2,240 GPUs, batch 2,240) takes 39.15 s per iteration (MFU
+// 54.2%), gradient all-reduce not overlapped with backward.
+TEST(PlanPublished, Korthikanti530BWithDataParallelism) {
+    KorthikantiRun r = kKorthikanti[2];
+    r.gpus = 2240, r.batch = 2240;
+    const Plan p = plan_of(korthikanti_layout(r, "selective", true) +
+                           std::vector<std::string>{"cluster.dp_overlap=0"});
+    EXPECT_NEAR(p.st.total / 39.15, 1.0, 0.15) << p.st.total;
+    EXPECT_NEAR(p.st.mfu / 0.542, 1.0, 0.15) << p.st.mfu;
+    EXPECT_GT(p.st.dp_exposed, 0);
+}
+
+// Korthikanti et al. 2022, Section 6.1: "Without the memory savings provided
+// by sequence parallelism and selective recompute together, none of these
+// models will fit into memory" (80 GB). The planner agrees for 175B, 530B
+// and 1T; for 22B it finds selective recomputation alone fits (~73 GiB).
+TEST(PlanPublished, KorthikantiOnlyBothTechniquesTogetherFit) {
+    for (const auto& r : {kKorthikanti[1], kKorthikanti[2], kKorthikanti[3]}) {
+        EXPECT_FALSE(plan_of(korthikanti_layout(r, "none", false)).fits) << r.name;
+        EXPECT_FALSE(plan_of(korthikanti_layout(r, "none", true)).fits) << r.name;
+        EXPECT_FALSE(plan_of(korthikanti_layout(r, "selective", false)).fits) << r.name;
+        EXPECT_TRUE(plan_of(korthikanti_layout(r, "selective", true)).fits) << r.name;
+    }
+}
+
+// Korthikanti et al. 2022, Section 6.1 and Figure 7: sequence parallelism
+// with selective recomputation cuts activation memory about 5x against the
+// tensor-parallel baseline (530B and 1T, t = 8).
 TEST(PlanPublished, KorthikantiFiveTimesLessActivationMemory) {
     for (const auto& r : {kKorthikanti[2], kKorthikanti[3]}) {
         core::ModelSpec m = core::preset("gpt3-175b");

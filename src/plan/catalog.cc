@@ -15,11 +15,12 @@ namespace {
 constexpr double kT = 1e12, kG = 1e9, kGiB = 1024.0 * 1024 * 1024, kUs = 1e-6;
 
 // Achievable GEMM fractions (gemm_eff) are the one fitted constant per device
-// family: the A100 value reproduces Korthikanti et al. 2022 (GPT-3 175B,
-// 52.8% HFU) and is then checked, unchanged, against the other published runs
-// in tests/plan. Newer parts reach a lower fraction of their (higher) peak in
-// the same frameworks (Megatron-LM README H100 table: 41-48% MFU), so they get
-// a lower value; `apiary plan calibrate` replaces it with a measured one.
+// family. A100: 0.70, chosen against Korthikanti et al. 2022 (GPT-3 175B) and
+// checked, unchanged, against 20+ other published runs in tests/plan.
+// H100/H200: 0.70 too; Llama 3 405B's 43% MFU on 8,192 H100s with 16
+// pipeline stages (Dubey et al. 2024, Table 4) is out of reach below that.
+// B200, MI300X, TPU: unvalidated estimates (no public run with its full
+// layout was found); `apiary plan calibrate` replaces them with measured ones.
 std::map<std::string, Device> make_devices() {
     std::map<std::string, Device> t;
     auto nvidia = [&](const std::string& name) -> Device& {
@@ -62,7 +63,7 @@ std::map<std::string, Device> make_devices() {
         s.mem_bytes = 80 * kGiB, s.mem_bw = 3350 * kG, s.tdp_w = 700;
         s.intra_link = "nvlink4", s.inter_link = "ib-ndr", s.topology = "rail-optimized";
         s.host_w_per_node = 10200 - 8 * 700;  // DGX H100: 10.2 kW max
-        s.gemm_eff = 0.60;
+        s.gemm_eff = 0.70;
         // AWS p5.48xlarge on demand (2024, $98.32 per 8-GPU hour), per GPU.
         s.price_hour = 12.29, s.spot_price_hour = 4.92;
         s.source = "NVIDIA H100 datasheet; DGX H100 user guide";
@@ -71,7 +72,7 @@ std::map<std::string, Device> make_devices() {
         p.peak_fp16 = 756 * kT, p.peak_fp8 = 1513 * kT;
         p.mem_bytes = 80 * kGiB, p.mem_bw = 2000 * kG, p.tdp_w = 350;
         p.intra_link = "pcie5", p.inter_link = "roce-200", p.topology = "fat-tree";
-        p.host_w_per_node = 2000, p.gemm_eff = 0.60;
+        p.host_w_per_node = 2000, p.gemm_eff = 0.65;
         p.price_hour = 4.50, p.spot_price_hour = 1.80;
         p.source = "NVIDIA H100 datasheet (PCIe)";
         // NVIDIA H200 datasheet (2024): H100 SXM compute, 141 GB HBM3e at
@@ -138,13 +139,14 @@ std::map<std::string, Device> make_devices() {
         // AVX-512: 2 FMA pipes x 16 fp32 lanes x 2 = 64 fp32 FLOP/cycle/core; at
         // ~3.0 GHz all-core: 384 GFLOP/s fp32, and AVX512_BF16 dot products
         // double it to 768. Measured: oneDNN sgemm ~380 GFLOP/s, bf16 matmul
-        // ~700 GFLOP/s with 2 threads (apiary lead's measurement, 2026). Memory
-        // bandwidth is a measured estimate for this VM; calibrate refines it.
+        // ~700 GFLOP/s with 2 threads (apiary lead's measurement, 2026). Memory:
+        // a single-thread 200 MiB memcpy moves 27-29 GB/s (read + write) on
+        // this shared VM, so 30 GB/s for both cores; calibrate refines it.
         Device& c = t["epyc-zen5-2c"];
         c.name = "epyc-zen5-2c", c.kind = "cpu";
         c.peak_fp32 = 384 * kG, c.peak_tf32 = 384 * kG, c.peak_bf16 = 768 * kG;
         c.peak_fp16 = 384 * kG;
-        c.mem_bytes = 24 * kGiB, c.mem_bw = 20 * kG, c.tdp_w = 2 * 10;
+        c.mem_bytes = 24 * kGiB, c.mem_bw = 30 * kG, c.tdp_w = 2 * 10;
         c.gemm_eff = 0.6, c.gemm_knee = 32, c.mem_eff = 0.8;
         c.devices_per_node = 64, c.intra_link = "shm", c.inter_link = "eth-25g";
         c.topology = "fat-tree", c.host_w_per_node = 30, c.reserved_bytes = 0.2 * kGiB;

@@ -57,11 +57,15 @@ double layer_activation_bytes(const core::ModelSpec& m, int seq_len, int micro_b
     return scale * sbh * (linear + attn);
 }
 
+double stage_layers(const core::ModelSpec& m, const Layout& l) {
+    return double((m.n_layer + l.pp - 1) / l.pp);
+}
+
 namespace {
 
 // Parameters on one device of stage `stage` (0 .. pp-1).
 double stage_params(const core::ModelSpec& m, const Layout& l, int stage) {
-    const double lp = double(m.n_layer) / l.pp;
+    const double lp = stage_layers(m, l);
     double p = lp * layer_params(m);
     const bool first = stage == 0, last = stage == l.pp - 1;
     if (first) p += embed_params(m);
@@ -93,7 +97,7 @@ Memory stage_memory(const Workload& w, const Layout& l, const Cluster& c, int st
     mem.grads = p * sb.grad / (l.zero >= 2 ? dp : 1);
     mem.optimizer = p * sb.optimizer / (l.zero >= 1 ? dp : 1);
 
-    const double lp = double(m.n_layer) / l.pp;
+    const double lp = stage_layers(m, l);
     const double per_layer =
         layer_activation_bytes(m, w.seq_len, l.micro_batch, l.tp, l.sp, l.recompute, w.dtype);
     double mult = double(in_flight(l, stage));

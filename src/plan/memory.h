@@ -31,6 +31,12 @@ double zero_model_state_bytes(double params, long long dp, int stage, Dtype dtyp
 double layer_activation_bytes(const core::ModelSpec& m, int seq_len, int micro_batch, int tp,
                               bool sp, Recompute r, Dtype dtype);
 
+// Blocks on the fullest pipeline stage: ceil(L / pp). Megatron-LM needs pp to
+// divide L; other frameworks (DeepSpeed, Llama 3's) balance uneven stages,
+// e.g. 126 layers on 16 stages, so an uneven split is allowed and costed by
+// its fullest stage.
+double stage_layers(const core::ModelSpec& m, const Layout& l);
+
 // Parameters held by one device on the fullest pipeline stage.
 double stage_params_per_device(const core::ModelSpec& m, const Layout& l);
 

@@ -187,10 +187,12 @@ std::string layout_problem(const Workload& w, const Layout& l) {
         return fmt::format("parallel.tp = {} does not divide the MLP width {}", l.tp, m.ffn_dim());
     }
     const int chunks = l.schedule == Schedule::interleaved ? l.vpp : 1;
-    if (m.n_layer % (l.pp * chunks) != 0) {
-        return fmt::format("parallel.pp = {}{} does not divide model.n_layer = {}", l.pp,
+    // Uneven stages are allowed (the fullest one is costed); interleaving
+    // needs whole layers per chunk.
+    if (l.pp > m.n_layer || (chunks > 1 && m.n_layer % (l.pp * chunks) != 0)) {
+        return fmt::format("parallel.pp = {}{} does not divide model.n_layer = {}{}", l.pp,
                            chunks > 1 ? fmt::format(" x {} virtual stages", chunks) : "",
-                           m.n_layer);
+                           m.n_layer, chunks > 1 ? "" : " (more stages than layers)");
     }
     if (w.global_batch % (l.dp * l.micro_batch) != 0) {
         return fmt::format(

@@ -82,7 +82,7 @@ StepTime step_time(const Workload& w, const Layout& l, const Cluster& c) {
     const Device& d = c.dev;
     StepTime st;
     const LayerCost lc = layer_cost(w, l, c);
-    const double lp = double(m.n_layer) / l.pp;
+    const double lp = stage_layers(m, l);
     const double s = w.seq_len, b = l.micro_batch;
     const double ab = act_bytes(w.dtype);
     const double peak = d.peak(w.dtype) * c.share();

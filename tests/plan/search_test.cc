@@ -73,12 +73,17 @@ TEST(PlanSearch, LayoutsThatDoNotDivideAreConfigErrors) {
         EXPECT_NE(std::string(e.what()).find("not divisible"), std::string::npos) << e.what();
     }
     try {
-        input({"model.preset=gpt3-175b", "cluster.gpus=56", "parallel.pp=7"});
+        input({"model.preset=gpt3-175b", "cluster.gpus=56", "parallel.pp=7",
+               "parallel.schedule=interleaved", "plan.virtual_stages=2"});
         FAIL();
     } catch (const ConfigError& e) {
         EXPECT_NE(std::string(e.what()).find("model.n_layer = 96"), std::string::npos)
             << e.what();
     }
+    EXPECT_THROW(input({"model.preset=gpt3-175b", "cluster.gpus=128", "parallel.pp=128"}),
+                 ConfigError);
+    // An uneven split (Llama 3: 126 layers on 16 stages) is allowed.
+    EXPECT_NO_THROW(input({"model.preset=llama3-405b", "cluster.gpus=16", "parallel.pp=16"}));
     try {
         input({"cluster.device=Z100"});
         FAIL();

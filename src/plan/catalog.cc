@@ -177,6 +177,8 @@ std::map<std::string, Link> make_links() {
     add("roce-200", 25, 8, 0.85, "RoCE v2 200 GbE");
     add("roce-400", 50, 8, 0.85, "RoCE v2 400 GbE");
     add("eth-25g", 3.125, 20, 0.8, "25 GbE TCP");
+    // Jean Zay (BLOOM): 4 Omni-Path 100 Gb/s links per 8-GPU node.
+    add("opa-100-half", 6.25, 5, 0.9, "Omni-Path 100 Gb/s, one port per two GPUs");
     add("ici-v4", 270, 2, 0.8, "TPU v4 ICI: 6 links x ~45 GB/s (Jouppi et al. 2023)");
     add("ici-v5p", 600, 2, 0.8, "TPU v5p ICI: 4,800 Gb/s per chip (Cloud TPU docs)");
     add("dcn", 6.25, 20, 0.8, "TPU data-center network: 200 Gb/s per host of 4 chips");

@@ -263,6 +263,28 @@ TEST(PlanPublished, MtNlgKnownOptimism) {
     }
 }
 
+// BLOOM-176B (BigScience 2022; Le Scao et al. 2022, Section 3.4; BigScience
+// training notes): 384 A100-80GB on Jean Zay (4 x 100 Gb/s Omni-Path per
+// 8-GPU node), tp 4, pp 12, dp 8, ZeRO-1, bf16, 70 layers, width 14,336, 112
+// heads, vocabulary 250,880 (padded), sequence 2,048, global batch 2,048:
+// "about 150 TFLOPs" per GPU, and 1,082,990 GPU-hours for 366B tokens.
+// Assumed (not in the sources): micro-batch 2, full activation checkpointing.
+// Not checked: the notes' "60 GB of memory on each GPU", which is what the
+// caching allocator held; the planner counts what is needed (~36 GiB).
+TEST(PlanPublished, Bloom176B) {
+    const Plan p = plan_of(megatron_gpt(70, 14336, 112) +
+                           std::vector<std::string>{
+                               "model.vocab_size=250880", "cluster.device=A100-80GB",
+                               "cluster.gpus=384", "cluster.inter_link=opa-100-half",
+                               "cluster.topology=fat-tree", "parallel.tp=4", "parallel.pp=12",
+                               "parallel.zero_stage=1", "plan.global_batch=2048",
+                               "train.batch_size=2", "train.precision=bf16",
+                               "parallel.recompute=full", "plan.tokens=366e9"});
+    ASSERT_TRUE(p.fits) << p.why;
+    EXPECT_NEAR(hw_tflops(p) / 150.0, 1.0, 0.15) << hw_tflops(p);
+    EXPECT_NEAR(p.tot.gpu_hours / 1082990.0, 1.0, 0.15) << p.tot.gpu_hours;
+}
+
 // Layouts the papers could not run must not fit here either: GPT-3 175B
 // without any parallelism needs ~2.8 TB of model states (16 bytes/param).
 TEST(PlanPublished, Gpt3DoesNotFitOnOneGpu) {

@@ -19,7 +19,7 @@ namespace apiary::cli {
 namespace {
 
 struct Options {
-    std::string config_file;
+    std::string config_file, cluster_file;
     std::vector<std::string> sets;
     std::string model, gpus, calibration;
     double tokens = -1;
@@ -29,6 +29,8 @@ struct Options {
 
 void add_common(CLI::App* cmd, Options& o) {
     cmd->add_option("--config", o.config_file, "TOML config (the one `apiary train` reads)");
+    cmd->add_option("--cluster", o.cluster_file,
+                    "TOML file with a [cluster] table, read after --config");
     cmd->add_option("--set", o.sets, "key=value override (repeatable)");
     cmd->add_option("--model", o.model, "model preset (model.preset)");
     cmd->add_option("--gpus", o.gpus, "devices, e.g. 1024xA100-80GB (cluster.gpus, cluster.device)");
@@ -53,7 +55,10 @@ core::Config resolve(const Options& o) {
     if (o.global_batch > 0) sets.push_back(fmt::format("plan.global_batch={}", o.global_batch));
     if (!o.calibration.empty()) sets.push_back("plan.calibration=" + o.calibration);
     sets.insert(sets.end(), o.sets.begin(), o.sets.end());
-    return load_config(o.config_file, sets);
+    core::Config cfg = load_config(o.config_file, {});
+    if (!o.cluster_file.empty()) cfg.load_file(o.cluster_file);
+    for (const auto& s : sets) cfg.set(s);
+    return cfg;
 }
 
 void run_plan(const Options& o) {

@@ -82,7 +82,16 @@ TEST(PlanCli, ConfigFileSharedWithTheTrainer) {
                         "[parallel]\ntp = 2\n"
                         "[cluster]\ndevice = \"A100-40GB\"\ngpus = 16\n";
     const Result r = run("plan --config " + f.string() + " --json");
+    // A separate cluster file overrides the run's [cluster] table.
+    const fs::path cl = dir / "cluster.toml";
+    std::ofstream(cl) << "[cluster]\ndevice = \"H100-SXM\"\ntopology = \"dragonfly+\"\n";
+    const Result r2 = run("plan --config " + f.string() + " --cluster " + cl.string() + " --json");
     fs::remove_all(dir);
+    ASSERT_EQ(r2.code, 0) << r2.out;
+    const auto j2 = nlohmann::json::parse(r2.out);
+    EXPECT_EQ(j2["cluster"]["device"], "H100-SXM");
+    EXPECT_EQ(j2["cluster"]["topology"], "dragonfly+");
+    EXPECT_EQ(j2["cluster"]["devices"], 16);
     ASSERT_EQ(r.code, 0) << r.out;
     const auto j = nlohmann::json::parse(r.out);
     EXPECT_EQ(j["cluster"]["device"], "A100-40GB");

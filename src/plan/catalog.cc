@@ -142,6 +142,7 @@ std::map<std::string, Device> make_devices() {
         // ~700 GFLOP/s with 2 threads (apiary lead's measurement, 2026). Memory:
         // a single-thread 200 MiB memcpy moves 27-29 GB/s (read + write) on
         // this shared VM, so 30 GB/s for both cores; calibrate refines it.
+        // Power: a 2-core share of a ~300 W 64-core part, ~10 W per core.
         Device& c = t["epyc-zen5-2c"];
         c.name = "epyc-zen5-2c", c.kind = "cpu";
         c.peak_fp32 = 384 * kG, c.peak_tf32 = 384 * kG, c.peak_bf16 = 768 * kG;

@@ -131,6 +131,32 @@ TEST(PlanCli, ErrorsNameTheProblem) {
     EXPECT_NE(r.out.find("devices"), std::string::npos) << r.out;
 }
 
+TEST(PlanCli, CarbonProfileFile) {
+    const fs::path dir = fs::temp_directory_path() / "apiary_plan_cli_co2";
+    fs::create_directories(dir);
+    // A day with a clean afternoon: the best start lands in it.
+    std::ofstream(dir / "grid.txt") << "# gCO2e/kWh per hour\n"
+                                    << "500\n500\n500\n500\n500\n500\n500\n500\n500\n500\n"
+                                    << "500\n500\n50\n50\n50\n50\n500\n500\n500\n500\n"
+                                    << "500\n500\n500\n500\n";
+    std::ofstream(dir / "bad.txt") << "400\nlots\n";
+    const std::string base = "plan --model gpt2-124m --gpus 8xA100-80GB --tokens 5e8 --json "
+                             "--set cluster.carbon_profile=";
+    const Result r = run(base + (dir / "grid.txt").string());
+    const Result bad = run(base + (dir / "bad.txt").string());
+    const Result missing = run(base + (dir / "none.txt").string());
+    fs::remove_all(dir);
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_GE(j["best_start_hour"].get<double>(), 8);
+    EXPECT_LE(j["best_start_hour"].get<double>(), 15);
+    EXPECT_LT(j["best_co2e_t"].get<double>(), j["co2e_t"].get<double>());
+    EXPECT_EQ(bad.code, 1);
+    EXPECT_NE(bad.out.find("bad.txt:2"), std::string::npos) << bad.out;
+    EXPECT_EQ(missing.code, 1);
+    EXPECT_NE(missing.out.find("cannot read"), std::string::npos) << missing.out;
+}
+
 TEST(PlanCli, DevicesListsTheCatalog) {
     const Result r = run("plan devices");
     ASSERT_EQ(r.code, 0) << r.out;

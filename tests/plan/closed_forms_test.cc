@@ -123,6 +123,31 @@ TEST(PlanClosedForm, KorthikantiActivations) {
                      2 * sbh / t);
 }
 
+// Micro-batches in flight on the first stage: GPipe all m, 1F1B p,
+// interleaved p (1 + (p - 1)/(p v)) (Narayanan et al. 2021; Korthikanti et
+// al. 2022, Section 4.2.3). Recomputation off, so blocks dominate.
+TEST(PlanClosedForm, PipelineScheduleActivationMemory) {
+    auto base = std::vector<std::string>{
+        "model.preset=gpt3-13b", "cluster.device=A100-80GB", "cluster.gpus=4",
+        "parallel.pp=4",        "train.batch_size=1",       "plan.global_batch=16",
+        "train.seq_len=2048",   "train.precision=bf16"};
+    auto act = [&](const char* sched, int v) {
+        auto sets = base;
+        sets.push_back(std::string("parallel.schedule=") + sched);
+        sets.push_back("plan.virtual_stages=" + std::to_string(v));
+        auto in = input(sets);
+        return memory_per_device(in.w, in.l, in.c).activations;
+    };
+    auto in = input(base);
+    const double per_layer = layer_activation_bytes(in.w.model, 2048, 1, 1, false,
+                                                    Recompute::none, Dtype::bf16);
+    const double blocks = 10 * per_layer;  // 40 layers / 4 stages
+    const double f1b = act("1f1b", 1), gpipe = act("gpipe", 1), inter = act("interleaved", 2);
+    EXPECT_NEAR(f1b, 4 * blocks, 0.01 * f1b);  // + the embedding mask, < 1%
+    EXPECT_NEAR(gpipe, 16 * blocks, 0.01 * gpipe);
+    EXPECT_NEAR(inter, 4 * (1 + 3.0 / 8) * blocks, 0.01 * inter);
+}
+
 TEST(PlanClosedForm, YoungDalyAndGoodput) {
     EXPECT_DOUBLE_EQ(young_interval_s(60, 3600 * 24), std::sqrt(2.0 * 60 * 86400));
     // Daly's correction shortens Young's interval by about delta.

@@ -120,9 +120,13 @@ void run_search(const Options& o, bool by_cost, int top, bool vary) {
                "step s", "MFU", "GiB", "days", "cost $");
     for (size_t i = 0; i < r.best.size(); ++i) {
         const auto& p = r.best[i];
-        fmt::print("{:>4} {:>6} {:<52} {:>9.4g} {:>6.1f}% {:>7.1f} {:>9.3g} {:>12.4g}\n", i + 1,
+        // Days and cost need plan.tokens / --tokens.
+        const bool run = p.w.tokens > 0;
+        fmt::print("{:>4} {:>6} {:<52} {:>9.4g} {:>6.1f}% {:>7.1f} {:>9} {:>12}\n", i + 1,
                    r.best_devices[i], plan::layout_string(p.l), p.st.total, 100 * p.st.mfu,
-                   p.mem.total() / (1024.0 * 1024 * 1024), p.tot.wall_s / 86400, p.tot.cost_usd);
+                   p.mem.total() / (1024.0 * 1024 * 1024),
+                   run ? fmt::format("{:.3g}", p.tot.wall_s / 86400) : "-",
+                   run ? fmt::format("{:.4g}", p.tot.cost_usd) : "-");
     }
 }
 

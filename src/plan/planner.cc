@@ -199,6 +199,13 @@ std::string layout_problem(const Workload& w, const Layout& l) {
             "global batch {} is not divisible by dp {} x micro-batch {} (train.batch_size)",
             w.global_batch, l.dp, l.micro_batch);
     }
+    const long long n_micro = w.global_batch / (l.dp * l.micro_batch);
+    if (chunks > 1 && n_micro % l.pp != 0) {
+        return fmt::format(
+            "parallel.schedule = interleaved needs the {} micro-batches per step to be a "
+            "multiple of parallel.pp = {} (Megatron-LM's rule)",
+            n_micro, l.pp);
+    }
     return "";
 }
 

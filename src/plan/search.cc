@@ -30,6 +30,16 @@ std::vector<int> pow2_divisors(long long n, int cap) {
     return v;
 }
 
+// Names the rule a layout broke, not its numbers, so that drops group.
+const char* reason_of(const std::string& why) {
+    if (why.rfind("parallel.tp", 0) == 0) return "tp does not divide heads / MLP";
+    if (why.rfind("parallel.pp", 0) == 0) return "pp (x virtual stages) does not divide layers";
+    if (why.rfind("parallel.schedule", 0) == 0) {
+        return "interleaved needs micro-batches divisible by pp";
+    }
+    return "global batch not divisible by dp x micro-batch";
+}
+
 std::vector<int> divisors(int n) {
     std::vector<int> v;
     for (int d = 1; d <= n; ++d) {
@@ -83,19 +93,10 @@ SearchResult search(const Workload& w, const Cluster& cluster, const SearchOptio
                                     ++r.candidates;
                                     if (auto why = layout_problem(w, l); !why.empty()) {
                                         // Name the rule, not the numbers, so reasons group.
-                                        drop(why.substr(0, why.find(" = ")) == "parallel.tp"
-                                                 ? "tp does not divide heads / MLP"
-                                             : why.rfind("parallel.pp", 0) == 0
-                                                 ? "pp (x virtual stages) does not divide layers"
-                                                 : "global batch not divisible by dp x micro-batch",
-                                             l);
+                                        drop(reason_of(why), l);
                                         continue;
                                     }
                                     l.n_micro = w.global_batch / (l.dp * l.micro_batch);
-                                    if (sched == Schedule::interleaved && l.n_micro % pp != 0) {
-                                        drop("interleaved needs micro-batches divisible by pp", l);
-                                        continue;
-                                    }
                                     const Memory mem = memory_per_device(w, l, c);
                                     if (mem.total() < r.min_bytes) {
                                         r.min_bytes = mem.total(), r.min_layout = l;

@@ -95,6 +95,8 @@ void add_keys(core::Schema& s) {
     s.add_real("cluster.pue", 1.1, "data-centre power usage effectiveness", 1, 5);
     s.add_real("cluster.idle_frac", 0.3, "device power when idle, as a fraction of TDP", 0, 1);
     s.add_real("cluster.network_w_per_device", 30, "switch and NIC power per device, W", 0, 1e4);
+    s.add_real("cluster.host_w_per_node", -1,
+               "CPU, memory and fan power per node, W (-1: the device's node)", -1, 1e6);
     s.add_real("cluster.gco2_per_kwh", 400, "grid carbon intensity, gCO2e/kWh", 0, 5000);
     s.add_string("cluster.carbon_profile", "",
                  "file of hourly gCO2e/kWh values, one per line (repeats); empty: constant");
@@ -128,6 +130,7 @@ Cluster cluster_from(const core::Config& cfg, long long devices) {
     if (auto v = cfg.get_real("cluster.mem_gib"); v > 0) d.mem_bytes = v * kGiB;
     if (auto v = cfg.get_real("cluster.mem_bw_gbs"); v > 0) d.mem_bw = v * 1e9;
     if (auto v = cfg.get_real("cluster.gemm_eff"); v > 0) d.gemm_eff = v;
+    if (auto v = cfg.get_real("cluster.host_w_per_node"); v >= 0) d.host_w_per_node = v;
     if (auto v = cfg.get_real("cluster.peak_tflops"); v > 0) {
         d.peak_fp32 = d.peak_tf32 = d.peak_bf16 = d.peak_fp16 = d.peak_fp8 = v * 1e12;
     }

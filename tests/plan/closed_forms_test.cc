@@ -30,6 +30,8 @@ TEST(PlanClosedForm, ZeroModelStatesMatchThePaper) {
     EXPECT_NEAR(zero_model_state_bytes(psi, 64, 1, Dtype::bf16) / 1e9, 31.4, 0.05);
     EXPECT_NEAR(zero_model_state_bytes(psi, 64, 2, Dtype::bf16) / 1e9, 16.6, 0.05);
     EXPECT_NEAR(zero_model_state_bytes(psi, 64, 3, Dtype::bf16) / 1e9, 1.9, 0.05);
+    // Table 1 of the paper: 1T parameters on 1,024 GPUs with P_os+g+p: 15.6 GB.
+    EXPECT_NEAR(zero_model_state_bytes(1e12, 1024, 3, Dtype::bf16) / 1e9, 15.6, 0.05);
     // fp32 training: 4 + 4 + 8 bytes.
     EXPECT_DOUBLE_EQ(zero_model_state_bytes(psi, 8, 0, Dtype::fp32), 16 * psi);
     EXPECT_DOUBLE_EQ(zero_model_state_bytes(psi, 8, 1, Dtype::fp32), 8 * psi + 8 * psi / 8);

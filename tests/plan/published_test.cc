@@ -285,6 +285,26 @@ TEST(PlanPublished, Bloom176B) {
     EXPECT_NEAR(p.tot.gpu_hours / 1082990.0, 1.0, 0.15) << p.tot.gpu_hours;
 }
 
+// Luccioni et al. 2022, "Estimating the Carbon Footprint of BLOOM": training
+// used 433,196 kWh (GPU-hours x 400 W TDP, dynamic power only) and emitted
+// 24.69 t CO2e at Jean Zay's 57 gCO2e/kWh. The planner with the same
+// accounting (devices at TDP, no host or network, PUE 1) on its own BLOOM
+// prediction lands within 15%.
+TEST(PlanPublished, BloomEnergyAndCarbon) {
+    const Plan p = plan_of(megatron_gpt(70, 14336, 112) +
+                           std::vector<std::string>{
+                               "model.vocab_size=250880", "cluster.device=A100-80GB",
+                               "cluster.gpus=384", "cluster.inter_link=opa-100-half",
+                               "cluster.topology=fat-tree", "parallel.tp=4", "parallel.pp=12",
+                               "parallel.zero_stage=1", "plan.global_batch=2048",
+                               "train.batch_size=2", "train.precision=bf16",
+                               "parallel.recompute=full", "plan.tokens=366e9",
+                               "cluster.idle_frac=1", "cluster.pue=1", "cluster.host_w_per_node=0",
+                               "cluster.network_w_per_device=0", "cluster.gco2_per_kwh=57"});
+    EXPECT_NEAR(p.tot.energy_kwh / 433196.0, 1.0, 0.15) << p.tot.energy_kwh;
+    EXPECT_NEAR(p.tot.co2e_t / 24.69, 1.0, 0.15) << p.tot.co2e_t;
+}
+
 // Layouts the papers could not run must not fit here either: GPT-3 175B
 // without any parallelism needs ~2.8 TB of model states (16 bytes/param).
 TEST(PlanPublished, Gpt3DoesNotFitOnOneGpu) {

@@ -33,7 +33,8 @@ void add_common(CLI::App* cmd, Options& o) {
                     "TOML file with a [cluster] table, read after --config");
     cmd->add_option("--set", o.sets, "key=value override (repeatable)");
     cmd->add_option("--model", o.model, "model preset (model.preset)");
-    cmd->add_option("--gpus", o.gpus, "devices, e.g. 1024xA100-80GB (cluster.gpus, cluster.device)");
+    cmd->add_option("--gpus", o.gpus,
+                    "devices, e.g. 1024xA100-80GB (cluster.gpus, cluster.device)");
     cmd->add_option("--tokens", o.tokens, "tokens to train on (plan.tokens), e.g. 300e9");
     cmd->add_option("--global-batch", o.global_batch,
                     "sequences per optimizer step (plan.global_batch; default "
@@ -145,8 +146,7 @@ void setup(CLI::App& app) {
     static std::string rank_by = "time";
     static int top = 10;
     static bool vary = false;
-    s->add_option("--rank-by", rank_by, "time or cost")
-        ->check(CLI::IsMember({"time", "cost"}));
+    s->add_option("--rank-by", rank_by, "time or cost")->check(CLI::IsMember({"time", "cost"}));
     s->add_option("--top", top, "how many layouts to show");
     s->add_flag("--vary-gpus", vary, "also try 1/2, 1/4, ... of the devices");
     s->callback([] { run_search(search_opts, rank_by == "cost", top, vary); });
@@ -154,8 +154,7 @@ void setup(CLI::App& app) {
     auto* cal = cmd->add_subcommand("calibrate", "fit device constants to measured runs");
     static std::vector<std::string> dirs;
     static std::string out = "calibration.toml", device;
-    cal->add_option("run_dirs", dirs, "run directories (config.toml + metrics.jsonl)")
-        ->required();
+    cal->add_option("run_dirs", dirs, "run directories (config.toml + metrics.jsonl)")->required();
     cal->add_option("--out", out, "calibration file to write");
     cal->add_option("--device", device, "device the runs ran on (default: their cluster.device)");
     cal->callback([] {
@@ -174,21 +173,20 @@ void setup(CLI::App& app) {
             fmt::print("{:<40} {:>6} {:>11.4g} {:>11.4g} {:>11.4g}\n", r.dir, r.world_size,
                        r.measured_s, r.before_s, r.after_s);
         }
-        fmt::print("rms relative error {:.1f}% -> {:.1f}%; wrote {}\n",
-                   100 * c.rms_rel_err_before, 100 * c.rms_rel_err_after, out);
+        fmt::print("rms relative error {:.1f}% -> {:.1f}%; wrote {}\n", 100 * c.rms_rel_err_before,
+                   100 * c.rms_rel_err_after, out);
     });
 
     auto* dev = cmd->add_subcommand("devices", "the hardware catalog");
     dev->callback([] {
-        fmt::print("{:<14} {:>9} {:>9} {:>9} {:>8} {:>9} {:>6} {:>9} {:>9}\n", "device",
-                   "fp32 TF", "bf16 TF", "fp8 TF", "mem GiB", "mem GB/s", "TDP W", "intra",
-                   "inter");
+        fmt::print("{:<14} {:>9} {:>9} {:>9} {:>8} {:>9} {:>6} {:>9} {:>9}\n", "device", "fp32 TF",
+                   "bf16 TF", "fp8 TF", "mem GiB", "mem GB/s", "TDP W", "intra", "inter");
         for (const auto& n : plan::device_names()) {
             const auto& d = plan::device(n);
             fmt::print("{:<14} {:>9.4g} {:>9.4g} {:>9.4g} {:>8.1f} {:>9.0f} {:>6.0f} {:>9} {:>9}\n",
                        n, d.peak_fp32 / 1e12, d.peak_bf16 / 1e12, d.peak_fp8 / 1e12,
-                       d.mem_bytes / (1024.0 * 1024 * 1024), d.mem_bw / 1e9, d.tdp_w,
-                       d.intra_link, d.inter_link);
+                       d.mem_bytes / (1024.0 * 1024 * 1024), d.mem_bw / 1e9, d.tdp_w, d.intra_link,
+                       d.inter_link);
         }
         fmt::print("\nlinks: {}\ntopologies: {}\n", fmt::join(plan::link_names(), ", "),
                    fmt::join(plan::topology_names(), ", "));

@@ -1,7 +1,6 @@
 #include "plan/calibrate.h"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -9,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "core/error.h"
@@ -110,9 +110,10 @@ double median_step_time(const std::string& path, int* steps, long long* world_si
         }
     }
     if (times.empty()) {
-        throw DataError(fmt::format("{}: no step lines with step_time_s; is this a training "
-                                    "run's metrics.jsonl?",
-                                    path));
+        throw DataError(
+            fmt::format("{}: no step lines with step_time_s; is this a training "
+                        "run's metrics.jsonl?",
+                        path));
     }
     // The first steps pay for page faults, thread start-up and caches.
     const size_t skip = times.size() >= 3 ? std::max<size_t>(1, times.size() / 10) : 0;
@@ -128,8 +129,8 @@ namespace {
 void set_from_toml(core::Config& cfg, const core::Schema& schema, const toml::table& t,
                    const std::string& prefix, const std::string& source) {
     for (const auto& [k, node] : t) {
-        const std::string key = prefix.empty() ? std::string(k.str())
-                                               : prefix + "." + std::string(k.str());
+        const std::string key =
+            prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
         if (const auto* sub = node.as_table()) {
             set_from_toml(cfg, schema, *sub, key, source);
             continue;
@@ -139,8 +140,8 @@ void set_from_toml(core::Config& cfg, const core::Schema& schema, const toml::ta
         core::Value v;
         if (spec->type == core::ValueType::integer && node.is_integer()) {
             v = int64_t(*node.value<int64_t>());
-        } else if (spec->type == core::ValueType::real && (node.is_floating_point() ||
-                                                           node.is_integer())) {
+        } else if (spec->type == core::ValueType::real &&
+                   (node.is_floating_point() || node.is_integer())) {
             v = *node.value<double>();
         } else if (spec->type == core::ValueType::boolean && node.is_boolean()) {
             v = *node.value<bool>();
@@ -161,19 +162,20 @@ RunRecord read_run(const std::string& dir, const core::Schema& schema, const std
     r.dir = dir;
     const std::string cfg_path = (fs::path(dir) / "config.toml").string();
     if (!fs::exists(cfg_path)) {
-        throw IoError(fmt::format("calibrate: {} has no config.toml; give run directories "
-                                  "written by `apiary train`",
-                                  dir));
+        throw IoError(
+            fmt::format("calibrate: {} has no config.toml; give run directories "
+                        "written by `apiary train`",
+                        dir));
     }
     core::Config cfg(schema);
     try {
         set_from_toml(cfg, schema, toml::parse_file(cfg_path), "", cfg_path);
     } catch (const toml::parse_error& e) {
-        throw IoError(fmt::format("calibrate: cannot parse {}: {}", cfg_path,
-                                  std::string(e.description())));
+        throw IoError(
+            fmt::format("calibrate: cannot parse {}: {}", cfg_path, std::string(e.description())));
     }
-    r.step_time_s = median_step_time((fs::path(dir) / "metrics.jsonl").string(), &r.steps,
-                                     &r.world_size);
+    r.step_time_s =
+        median_step_time((fs::path(dir) / "metrics.jsonl").string(), &r.steps, &r.world_size);
     if (!device.empty()) cfg.set_value("cluster.device", device, "--device");
     cfg.set_value("cluster.gpus", int64_t(r.world_size), "metrics.jsonl world_size");
     cfg.set_value("plan.calibration", std::string(), "calibrate");
@@ -185,7 +187,7 @@ namespace {
 
 struct Param {
     const char* name;
-    double lo, hi;   // bounds, searched in log space
+    double lo, hi;  // bounds, searched in log space
     double* value;
 };
 
@@ -220,9 +222,10 @@ Calibration calibrate(const std::vector<RunRecord>& runs) {
     cal.device = runs[0].in.c.dev.name;
     for (const auto& r : runs) {
         if (r.in.c.dev.name != cal.device) {
-            throw ConfigError(fmt::format("calibrate: {} ran on '{}' but {} on '{}': calibrate "
-                                          "one device at a time (or pass --device)",
-                                          runs[0].dir, cal.device, r.dir, r.in.c.dev.name));
+            throw ConfigError(
+                fmt::format("calibrate: {} ran on '{}' but {} on '{}': calibrate "
+                            "one device at a time (or pass --device)",
+                            runs[0].dir, cal.device, r.dir, r.in.c.dev.name));
         }
     }
     cal.runs = int(runs.size());

@@ -13,7 +13,7 @@ namespace apiary::plan {
 
 struct Calibration {
     std::string device;
-    double gemm_eff = 0;       // fitted values; 0 means "not fitted, keep the catalog's"
+    double gemm_eff = 0;  // fitted values; 0 means "not fitted, keep the catalog's"
     double mem_eff = 0;
     double gemm_knee = 0;
     double intra_bw = 0;       // bytes/s per rank, the link between ranks of a node

@@ -193,16 +193,14 @@ std::map<std::string, Topology> make_topologies() {
     std::map<std::string, Topology> t;
     // Three-tier non-blocking folded Clos (Leiserson 1985; NVIDIA DGX
     // SuperPOD reference architecture uses 32-node scalable units).
-    t["fat-tree"] = {"fat-tree",
-                     {{"leaf", 256, 1.0, 1 * kUs},
-                      {"spine", 4096, 1.0, 2 * kUs},
-                      {"core", 0, 1.0, 3 * kUs}},
-                     "non-blocking three-tier Clos"};
-    t["fat-tree-2to1"] = {"fat-tree-2to1",
-                          {{"leaf", 256, 1.0, 1 * kUs},
-                           {"spine", 4096, 0.5, 2 * kUs},
-                           {"core", 0, 0.5, 3 * kUs}},
-                          "Clos with 2:1 oversubscription above the leaf"};
+    t["fat-tree"] = {
+        "fat-tree",
+        {{"leaf", 256, 1.0, 1 * kUs}, {"spine", 4096, 1.0, 2 * kUs}, {"core", 0, 1.0, 3 * kUs}},
+        "non-blocking three-tier Clos"};
+    t["fat-tree-2to1"] = {
+        "fat-tree-2to1",
+        {{"leaf", 256, 1.0, 1 * kUs}, {"spine", 4096, 0.5, 2 * kUs}, {"core", 0, 0.5, 3 * kUs}},
+        "Clos with 2:1 oversubscription above the leaf"};
     // Rail-optimized (DGX SuperPOD): GPU i of every node shares a rail
     // switch, so same-rank traffic crosses one hop inside a 32-node unit.
     t["rail-optimized"] = {"rail-optimized",
@@ -256,11 +254,16 @@ const typename Map::mapped_type& lookup(const Map& m, const std::string& name, c
 
 const char* dtype_name(Dtype d) {
     switch (d) {
-        case Dtype::fp32: return "fp32";
-        case Dtype::tf32: return "tf32";
-        case Dtype::bf16: return "bf16";
-        case Dtype::fp16: return "fp16";
-        case Dtype::fp8: return "fp8";
+        case Dtype::fp32:
+            return "fp32";
+        case Dtype::tf32:
+            return "tf32";
+        case Dtype::bf16:
+            return "bf16";
+        case Dtype::fp16:
+            return "fp16";
+        case Dtype::fp8:
+            return "fp8";
     }
     return "?";
 }
@@ -275,11 +278,16 @@ Dtype parse_dtype(const std::string& name) {
 
 double Device::peak(Dtype d) const {
     switch (d) {
-        case Dtype::fp8: return peak_fp8 > 0 ? peak_fp8 : peak(Dtype::bf16);
-        case Dtype::fp16: return peak_fp16 > 0 ? peak_fp16 : peak(Dtype::bf16);
-        case Dtype::bf16: return peak_bf16 > 0 ? peak_bf16 : peak(Dtype::fp32);
-        case Dtype::tf32: return peak_tf32 > 0 ? peak_tf32 : peak(Dtype::fp32);
-        case Dtype::fp32: return peak_fp32;
+        case Dtype::fp8:
+            return peak_fp8 > 0 ? peak_fp8 : peak(Dtype::bf16);
+        case Dtype::fp16:
+            return peak_fp16 > 0 ? peak_fp16 : peak(Dtype::bf16);
+        case Dtype::bf16:
+            return peak_bf16 > 0 ? peak_bf16 : peak(Dtype::fp32);
+        case Dtype::tf32:
+            return peak_tf32 > 0 ? peak_tf32 : peak(Dtype::fp32);
+        case Dtype::fp32:
+            return peak_fp32;
     }
     return peak_fp32;
 }

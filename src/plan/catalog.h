@@ -50,15 +50,15 @@ struct Device {
     // it: eff(m, n, k) = gemm_eff * m/(m+knee) * n/(n+knee) * k/(k+knee).
     double gemm_eff = 0.7;
     double gemm_knee = 64;
-    double mem_eff = 0.8;       // fraction of mem_bw that elementwise kernels reach
-    int devices_per_node = 8;   // sharing the intra-node link
-    std::string intra_link;     // Link name inside a node
-    std::string inter_link;     // default Link name between nodes (per device NIC)
-    std::string topology;       // default Topology name
-    double host_w_per_node = 0; // CPUs, memory, fans, NICs of one node
-    double reserved_bytes = 0;  // runtime context, library workspaces
-    double price_hour = 0;      // USD per device-hour, on demand
-    double spot_price_hour = 0; // USD per device-hour, spot / preemptible
+    double mem_eff = 0.8;        // fraction of mem_bw that elementwise kernels reach
+    int devices_per_node = 8;    // sharing the intra-node link
+    std::string intra_link;      // Link name inside a node
+    std::string inter_link;      // default Link name between nodes (per device NIC)
+    std::string topology;        // default Topology name
+    double host_w_per_node = 0;  // CPUs, memory, fans, NICs of one node
+    double reserved_bytes = 0;   // runtime context, library workspaces
+    double price_hour = 0;       // USD per device-hour, on demand
+    double spot_price_hour = 0;  // USD per device-hour, spot / preemptible
     // Ranks placed on one node share this device's compute and memory
     // bandwidth (a CPU: every MPI rank is a share of the same cores).
     bool shared_by_ranks = false;

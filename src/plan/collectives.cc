@@ -68,8 +68,7 @@ double all_reduce_path(const Cluster& c, const Path& p, long long n, double byte
     const Algo algo = !tree_ok && c.algo == Algo::tree ? Algo::ring : c.algo;
     if (p.nodes == 1) {
         const double ring = ring_all_reduce_s(n, bytes, p.intra_bw, p.intra_alpha);
-        const double tree =
-            tree_ok ? tree_all_reduce_s(n, bytes, p.intra_bw, p.intra_alpha) : ring;
+        const double tree = tree_ok ? tree_all_reduce_s(n, bytes, p.intra_bw, p.intra_alpha) : ring;
         if (algo == Algo::tree) return tree;
         if (algo == Algo::automatic) return std::min(ring, tree);
         return ring;
@@ -87,10 +86,14 @@ double all_reduce_path(const Cluster& c, const Path& p, long long n, double byte
     const double hier = 2 * ring_reduce_scatter_s(p.per_node, bytes, p.intra_bw, p.intra_alpha) +
                         ring_all_reduce_s(p.nodes, bytes / k, p.inter_bw, p.inter_alpha);
     switch (algo) {
-        case Algo::ring: return ring;
-        case Algo::tree: return tree;
-        case Algo::hierarchical: return hier;
-        case Algo::automatic: return std::min({ring, tree, hier});
+        case Algo::ring:
+            return ring;
+        case Algo::tree:
+            return tree;
+        case Algo::hierarchical:
+            return hier;
+        case Algo::automatic:
+            return std::min({ring, tree, hier});
     }
     return ring;
 }

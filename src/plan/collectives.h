@@ -21,7 +21,7 @@ struct Group {
     long long stride = 1;
 };
 
-struct Path {  // how a group maps onto the cluster
+struct Path {                // how a group maps onto the cluster
     long long per_node = 1;  // members sharing a node
     long long nodes = 1;     // nodes the group spans
     double intra_bw = 0, intra_alpha = 0;

@@ -123,7 +123,7 @@ Memory stage_memory(const Workload& w, const Layout& l, const Cluster& c, int st
     mem.activations = act;
 
     double buf = c.dev.reserved_bytes;
-    if (l.dp > 1 && l.zero < 3) buf += std::min(p, 40e6) * 4;  // one fp32 DP bucket
+    if (l.dp > 1 && l.zero < 3) buf += std::min(p, 40e6) * 4;        // one fp32 DP bucket
     if (l.zero >= 3) buf += 2 * layer_params(m) / l.tp * sb.weight;  // gathered + prefetched
     if (l.tp > 1) buf += 2 * sbh * ab;  // TP all-gather / all-reduce staging
     mem.buffers = buf;

@@ -25,8 +25,8 @@ Recompute parse_recompute(const std::string& s) {
     if (s == "none") return Recompute::none;
     if (s == "selective") return Recompute::selective;
     if (s == "full") return Recompute::full;
-    throw ConfigError(fmt::format(
-        "parallel.recompute: unknown value '{}' (known: none, selective, full)", s));
+    throw ConfigError(
+        fmt::format("parallel.recompute: unknown value '{}' (known: none, selective, full)", s));
 }
 const char* schedule_name(Schedule s) {
     return s == Schedule::gpipe ? "gpipe" : s == Schedule::one_f_one_b ? "1f1b" : "interleaved";
@@ -35,15 +35,19 @@ Schedule parse_schedule(const std::string& s) {
     if (s == "gpipe") return Schedule::gpipe;
     if (s == "1f1b") return Schedule::one_f_one_b;
     if (s == "interleaved") return Schedule::interleaved;
-    throw ConfigError(fmt::format(
-        "parallel.schedule: unknown value '{}' (known: gpipe, 1f1b, interleaved)", s));
+    throw ConfigError(
+        fmt::format("parallel.schedule: unknown value '{}' (known: gpipe, 1f1b, interleaved)", s));
 }
 const char* algo_name(Algo a) {
     switch (a) {
-        case Algo::automatic: return "auto";
-        case Algo::ring: return "ring";
-        case Algo::tree: return "tree";
-        case Algo::hierarchical: return "hierarchical";
+        case Algo::automatic:
+            return "auto";
+        case Algo::ring:
+            return "ring";
+        case Algo::tree:
+            return "tree";
+        case Algo::hierarchical:
+            return "hierarchical";
     }
     return "?";
 }
@@ -58,10 +62,8 @@ Algo parse_algo(const std::string& s) {
 void add_keys(core::Schema& s) {
     s.add_string("cluster.device", "epyc-zen5-2c",
                  "accelerator from the catalog (`apiary plan devices` lists them)");
-    s.add_int("cluster.gpus", 0, "devices in the cluster (0: parallel.tp * pp * dp, or 1)", 0,
-              1e8);
-    s.add_int("cluster.gpus_per_node", 0, "devices per node (0: the device's usual node)", 0,
-              1e5);
+    s.add_int("cluster.gpus", 0, "devices in the cluster (0: parallel.tp * pp * dp, or 1)", 0, 1e8);
+    s.add_int("cluster.gpus_per_node", 0, "devices per node (0: the device's usual node)", 0, 1e5);
     s.add_string("cluster.intra_link", "", "link inside a node (empty: the device's)");
     s.add_string("cluster.inter_link", "", "per-device link between nodes (empty: the device's)");
     s.add_string("cluster.topology", "",
@@ -104,8 +106,7 @@ void add_keys(core::Schema& s) {
                1e6);
     s.add_real("plan.tokens", 0, "tokens to train on, for time-to-train and totals", 0, 1e18);
     s.add_int("plan.global_batch", 0,
-              "sequences per optimizer step (0: train.batch_size * train.grad_accum * dp)", 0,
-              1e9);
+              "sequences per optimizer step (0: train.batch_size * train.grad_accum * dp)", 0, 1e9);
     s.add_int("plan.virtual_stages", 2, "model chunks per stage for the interleaved schedule", 1,
               64);
     s.add_string("plan.calibration", "", "calibration file from `apiary plan calibrate`");
@@ -194,8 +195,8 @@ std::string layout_problem(const Workload& w, const Layout& l) {
     // needs whole layers per chunk.
     if (l.pp > m.n_layer || (chunks > 1 && m.n_layer % (l.pp * chunks) != 0)) {
         return fmt::format("parallel.pp = {}{} does not divide model.n_layer = {}{}", l.pp,
-                           chunks > 1 ? fmt::format(" x {} virtual stages", chunks) : "",
-                           m.n_layer, chunks > 1 ? "" : " (more stages than layers)");
+                           chunks > 1 ? fmt::format(" x {} virtual stages", chunks) : "", m.n_layer,
+                           chunks > 1 ? "" : " (more stages than layers)");
     }
     if (w.global_batch % (l.dp * l.micro_batch) != 0) {
         return fmt::format(
@@ -280,17 +281,16 @@ Plan evaluate(const Workload& w, const Layout& l, const Cluster& c) {
         p.why = fmt::format(
             "needs {:.1f} GiB per device (params {:.1f}, grads {:.1f}, optimizer {:.1f}, "
             "activations {:.1f}, buffers {:.1f}) but {} has {:.1f} GiB",
-            p.mem.total() / kGiB, p.mem.params / kGiB, p.mem.grads / kGiB,
-            p.mem.optimizer / kGiB, p.mem.activations / kGiB, p.mem.buffers / kGiB, c.dev.name,
-            p.mem.capacity / kGiB);
+            p.mem.total() / kGiB, p.mem.params / kGiB, p.mem.grads / kGiB, p.mem.optimizer / kGiB,
+            p.mem.activations / kGiB, p.mem.buffers / kGiB, c.dev.name, p.mem.capacity / kGiB);
     }
     return p;
 }
 
 std::string layout_string(const Layout& l) {
-    std::string s = fmt::format("tp={} pp={} dp={} zero={} mb={} recompute={} {}", l.tp, l.pp,
-                                l.dp, l.zero, l.micro_batch, recompute_name(l.recompute),
-                                schedule_name(l.schedule));
+    std::string s =
+        fmt::format("tp={} pp={} dp={} zero={} mb={} recompute={} {}", l.tp, l.pp, l.dp, l.zero,
+                    l.micro_batch, recompute_name(l.recompute), schedule_name(l.schedule));
     if (l.schedule == Schedule::interleaved) s += fmt::format("x{}", l.vpp);
     if (l.sp) s += " sp";
     return s;

@@ -3,7 +3,6 @@
 // Cluster a config describes, one evaluated plan and its reports.
 
 #include <nlohmann/json.hpp>
-
 #include <string>
 
 #include "core/config.h"

@@ -16,14 +16,22 @@ nlohmann::json to_json(const Plan& p, const Cluster& c) {
     const auto& m = p.w.model;
     const auto& l = p.l;
     json j;
-    j["model"] = {{"arch", core::arch_name(m.arch)}, {"params", m.num_params()},
-                  {"n_layer", m.n_layer},           {"n_embd", m.n_embd},
-                  {"n_head", m.n_head},             {"n_kv_head", m.n_kv_head},
-                  {"vocab_size", m.vocab_size},     {"ffn_hidden", m.ffn_dim()}};
-    j["cluster"] = {{"device", c.dev.name},       {"devices", c.n},
-                    {"nodes", c.nodes()},          {"devices_per_node", c.ranks_per_node()},
-                    {"intra_link", c.intra.name},  {"inter_link", c.inter.name},
-                    {"topology", c.topo.name},     {"collective", algo_name(c.algo)},
+    j["model"] = {{"arch", core::arch_name(m.arch)},
+                  {"params", m.num_params()},
+                  {"n_layer", m.n_layer},
+                  {"n_embd", m.n_embd},
+                  {"n_head", m.n_head},
+                  {"n_kv_head", m.n_kv_head},
+                  {"vocab_size", m.vocab_size},
+                  {"ffn_hidden", m.ffn_dim()}};
+    j["cluster"] = {{"device", c.dev.name},
+                    {"devices", c.n},
+                    {"nodes", c.nodes()},
+                    {"devices_per_node", c.ranks_per_node()},
+                    {"intra_link", c.intra.name},
+                    {"inter_link", c.inter.name},
+                    {"topology", c.topo.name},
+                    {"collective", algo_name(c.algo)},
                     {"peak_tflops", c.dev.peak(p.w.dtype) / 1e12}};
     j["layout"] = {{"tp", l.tp},
                    {"pp", l.pp},
@@ -39,20 +47,18 @@ nlohmann::json to_json(const Plan& p, const Cluster& c) {
     j["seq_len"] = p.w.seq_len;
     j["global_batch"] = p.w.global_batch;
     j["tokens_per_step"] = double(p.w.global_batch) * p.w.seq_len;
-    j["memory_gib"] = {{"params", p.mem.params / kGiB},
-                       {"grads", p.mem.grads / kGiB},
-                       {"optimizer", p.mem.optimizer / kGiB},
-                       {"activations", p.mem.activations / kGiB},
-                       {"buffers", p.mem.buffers / kGiB},
-                       {"total", p.mem.total() / kGiB},
-                       {"capacity", p.mem.capacity / kGiB}};
+    j["memory_gib"] = {
+        {"params", p.mem.params / kGiB},       {"grads", p.mem.grads / kGiB},
+        {"optimizer", p.mem.optimizer / kGiB}, {"activations", p.mem.activations / kGiB},
+        {"buffers", p.mem.buffers / kGiB},     {"total", p.mem.total() / kGiB},
+        {"capacity", p.mem.capacity / kGiB}};
     j["fits"] = p.fits;
     if (!p.fits) j["why"] = p.why;
     const auto& st = p.st;
     j["step_time_s"] = st.total;
-    j["step_time_breakdown_s"] = {{"compute", st.compute},     {"recompute", st.recompute},
-                                  {"tp_comm", st.tp_comm},     {"pp_comm", st.pp_comm},
-                                  {"bubble", st.bubble},       {"dp_comm", st.dp_comm},
+    j["step_time_breakdown_s"] = {{"compute", st.compute},       {"recompute", st.recompute},
+                                  {"tp_comm", st.tp_comm},       {"pp_comm", st.pp_comm},
+                                  {"bubble", st.bubble},         {"dp_comm", st.dp_comm},
                                   {"dp_exposed", st.dp_exposed}, {"optimizer", st.optimizer}};
     j["bubble_fraction"] = st.bubble_fraction;
     j["tokens_per_s"] = st.tokens_per_s;
@@ -124,10 +130,10 @@ std::string to_table(const Plan& p, const Cluster& c) {
     line("MFU / HFU", fmt::format("{:.1f}% / {:.1f}%", 100 * st.mfu, 100 * st.hfu));
     if (p.w.tokens > 0) {
         s += fmt::format("\nrun of {:.4g} tokens\n", p.w.tokens);
-        line("time to train", fmt::format("{:.2f} days ({:.0f} steps, goodput {:.1f}%, "
-                                          "checkpoint every {:.0f} s)",
-                                          t.wall_s / 86400, t.steps, 100 * t.goodput,
-                                          t.ckpt_interval_s));
+        line("time to train",
+             fmt::format("{:.2f} days ({:.0f} steps, goodput {:.1f}%, "
+                         "checkpoint every {:.0f} s)",
+                         t.wall_s / 86400, t.steps, 100 * t.goodput, t.ckpt_interval_s));
         line("device-hours", fmt::format("{:.4g}", t.gpu_hours));
         line("cost", fmt::format("${:.4g} on {} (on demand ${:.4g}, spot ${:.4g} taking "
                                  "{:.2f} days)",
@@ -136,8 +142,8 @@ std::string to_table(const Plan& p, const Cluster& c) {
         line("energy", fmt::format("{:.4g} kWh ({:.4g} kW with PUE)", t.energy_kwh, t.power_kw));
         line("emissions", fmt::format("{:.4g} t CO2e", t.co2e_t));
         if (!c.gco2_profile.empty()) {
-            line("best start", fmt::format("hour {:.0f}: {:.4g} t CO2e", t.best_start_hour,
-                                           t.best_co2e_t));
+            line("best start",
+                 fmt::format("hour {:.0f}: {:.4g} t CO2e", t.best_start_hour, t.best_co2e_t));
         }
     }
     return s;

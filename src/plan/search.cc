@@ -79,7 +79,8 @@ SearchResult search(const Workload& w, const Cluster& cluster, const SearchOptio
                     std::vector<std::pair<Schedule, int>> scheds{{Schedule::one_f_one_b, 1}};
                     if (pp > 1) {
                         scheds.push_back({Schedule::gpipe, 1});
-                        for (int v : opt.virtual_stages) scheds.push_back({Schedule::interleaved, v});
+                        for (int v : opt.virtual_stages)
+                            scheds.push_back({Schedule::interleaved, v});
                     }
                     for (auto [sched, vpp] : scheds) {
                         for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
@@ -154,9 +155,10 @@ std::string fits_nowhere(const Workload& w, const Cluster& c, const SearchResult
         while (double(p2) < need) p2 *= 2;
         s += fmt::format("; about {} devices (next power of two: {}) would hold it", need, p2);
     } else {
-        s += fmt::format("; activations and buffers alone exceed the device: use devices with "
-                         "more than {:.1f} GiB, or shorten train.seq_len",
-                         (m.activations + m.buffers) / kGiB);
+        s += fmt::format(
+            "; activations and buffers alone exceed the device: use devices with "
+            "more than {:.1f} GiB, or shorten train.seq_len",
+            (m.activations + m.buffers) / kGiB);
     }
     return s;
 }

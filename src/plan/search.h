@@ -25,7 +25,7 @@ struct SearchResult {
     std::vector<Plan> best;  // ranked, fitting
     std::vector<long long> best_devices;
     long long candidates = 0, fitting = 0;
-    std::map<std::string, long long> dropped;  // reason -> count
+    std::map<std::string, long long> dropped;    // reason -> count
     std::map<std::string, std::string> example;  // reason -> one layout it hit
     double seconds = 0;
     // The least memory any candidate needed, for "fits nowhere" messages.

@@ -38,9 +38,9 @@ double bubble_fraction(int pp, long long n_micro, int vpp) {
 
 namespace {
 
-struct LayerCost {  // seconds for one block and one micro-batch on one device
-    double fwd = 0;       // GEMMs + elementwise
-    double attn_core = 0; // the part selective recomputation repeats
+struct LayerCost {         // seconds for one block and one micro-batch on one device
+    double fwd = 0;        // GEMMs + elementwise
+    double attn_core = 0;  // the part selective recomputation repeats
     double elementwise = 0;
 };
 
@@ -51,25 +51,24 @@ LayerCost layer_cost(const Workload& w, const Layout& l, const Cluster& c) {
     const double t = l.tp, s = w.seq_len, b = l.micro_batch, tok = s * b;
     const double C = m.n_embd, KV = m.kv_dim(), F = m.ffn_dim(), HS = m.head_size();
     // A rank's GEMM is split over its threads by rows: each thread sees m/threads.
-    const double threads = d.shared_by_ranks
-                               ? std::max(1.0, double(d.cores) / double(c.ranks_per_node()))
-                               : 1.0;
+    const double threads =
+        d.shared_by_ranks ? std::max(1.0, double(d.cores) / double(c.ranks_per_node())) : 1.0;
     auto gemm = [&](double mm, double nn, double kk, double batch) {
         return batch * 2 * mm * nn * kk / (peak * gemm_efficiency(d, mm / threads, nn, kk));
     };
     LayerCost lc;
     double g = gemm(tok, (C + 2 * KV) / t, C, 1);           // QKV
-    lc.attn_core = gemm(s, s, HS, b * m.n_head / t)          // scores
-                   + gemm(s, HS, s, b * m.n_head / t);       // weighted sum
-    g += gemm(tok, C, C / t, 1);                             // output projection
-    const double up = m.arch == core::Arch::llama ? 2 : 1;   // SwiGLU: gate and up
+    lc.attn_core = gemm(s, s, HS, b * m.n_head / t)         // scores
+                   + gemm(s, HS, s, b * m.n_head / t);      // weighted sum
+    g += gemm(tok, C, C / t, 1);                            // output projection
+    const double up = m.arch == core::Arch::llama ? 2 : 1;  // SwiGLU: gate and up
     g += gemm(tok, F / t, C, up) + gemm(tok, C, F / t, 1);  // MLP
     // Elementwise kernels (norms, softmax, GeLU/SiLU, dropout, residuals) are
     // memory bound; the bytes they move scale like the activations they store
     // (Korthikanti Table 2, no recompute): written in forward, read and their
     // gradients written in backward.
-    const double act = layer_activation_bytes(m, w.seq_len, l.micro_batch, l.tp, l.sp,
-                                              Recompute::none, w.dtype);
+    const double act =
+        layer_activation_bytes(m, w.seq_len, l.micro_batch, l.tp, l.sp, Recompute::none, w.dtype);
     lc.elementwise = act / (d.mem_bw * d.mem_eff * c.share());
     lc.fwd = g + lc.attn_core + lc.elementwise;
     return lc;
@@ -102,9 +101,9 @@ StepTime step_time(const Workload& w, const Layout& l, const Cluster& c) {
     // The LM head (on the last stage): a GEMM of (sb x C) @ (C x V/t), 3 passes,
     // plus the fp32 logits streamed through the fused cross entropy.
     const double V = m.vocab_size, C = m.n_embd;
-    const double head = 3 * 2 * s * b * C * V / l.tp /
-                            (peak * gemm_efficiency(d, s * b, V / l.tp, C)) +
-                        3 * 4 * s * b * V / l.tp / (d.mem_bw * d.mem_eff * c.share());
+    const double head =
+        3 * 2 * s * b * C * V / l.tp / (peak * gemm_efficiency(d, s * b, V / l.tp, C)) +
+        3 * 4 * s * b * V / l.tp / (d.mem_bw * d.mem_eff * c.share());
     // Pipeline: activations cross each stage boundary once forward and once
     // backward per micro-batch (and per chunk when interleaved); Megatron's
     // scatter/gather sends 1/t of them per rank.

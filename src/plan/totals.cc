@@ -66,8 +66,8 @@ Totals run_totals(const Workload& w, const Layout& l, const Cluster& c, const St
     const double wall_od = wall_for(t.ideal_s, ckpt_s, 3600 / fail_per_h, restart, &interval, &gp);
     double gp_spot = 1, interval_spot = 0;
     const double spot_per_h = fail_per_h + nodes * c.spot_preempt_per_node_hour;
-    t.spot_wall_s = wall_for(t.ideal_s, ckpt_s, 3600 / spot_per_h, restart, &interval_spot,
-                             &gp_spot);
+    t.spot_wall_s =
+        wall_for(t.ideal_s, ckpt_s, 3600 / spot_per_h, restart, &interval_spot, &gp_spot);
     t.wall_s = c.spot ? t.spot_wall_s : wall_od;
     t.goodput = c.spot ? gp_spot : gp;
     t.ckpt_interval_s = c.spot ? interval_spot : interval;
@@ -81,8 +81,8 @@ Totals run_totals(const Workload& w, const Layout& l, const Cluster& c, const St
     const double busy = st.total > 0 ? (st.compute + st.recompute) / st.total : 0;
     const double power_devices = c.dev.shared_by_ranks ? nodes : devs;
     const double dev_w = c.dev.tdp_w * (c.idle_frac + (1 - c.idle_frac) * busy);
-    const double watts = power_devices * dev_w + nodes * c.dev.host_w_per_node +
-                         devs * c.network_w_per_device;
+    const double watts =
+        power_devices * dev_w + nodes * c.dev.host_w_per_node + devs * c.network_w_per_device;
     t.power_kw = watts * c.pue / 1000;
     const double hours = t.wall_s / 3600;
     t.energy_kwh = t.power_kw * hours;

@@ -17,8 +17,7 @@ double goodput(double interval_s, double ckpt_s, double mtbf_s, double restart_s
 
 // Grams of CO2e for `kw` drawn for `hours` starting at `start_hour` of an
 // hourly intensity profile (gCO2e/kWh) that repeats.
-double profile_gco2(const std::vector<double>& profile, double start_hour, double hours,
-                    double kw);
+double profile_gco2(const std::vector<double>& profile, double start_hour, double hours, double kw);
 
 Totals run_totals(const Workload& w, const Layout& l, const Cluster& c, const StepTime& st,
                   const Memory& mem);

@@ -25,10 +25,10 @@ Algo parse_algo(const std::string& s);
 
 struct Workload {
     core::ModelSpec model;
-    int seq_len = 2048;         // T
-    Dtype dtype = Dtype::bf16;  // compute precision; bf16/fp16/fp8 train in mixed precision
-    long long global_batch = 1; // sequences per optimizer step
-    double tokens = 0;          // tokens to train on (0: no run totals)
+    int seq_len = 2048;          // T
+    Dtype dtype = Dtype::bf16;   // compute precision; bf16/fp16/fp8 train in mixed precision
+    long long global_batch = 1;  // sequences per optimizer step
+    double tokens = 0;           // tokens to train on (0: no run totals)
 };
 
 struct Layout {
@@ -37,24 +37,24 @@ struct Layout {
     long long dp = 1;
     int zero = 0;  // ZeRO stage 0-3, sharded over dp
     Recompute recompute = Recompute::none;
-    bool sp = false;           // sequence parallel (Korthikanti et al. 2022)
-    int micro_batch = 1;       // b, sequences per micro-batch
-    long long n_micro = 1;     // micro-batches per optimizer step per pipeline
+    bool sp = false;        // sequence parallel (Korthikanti et al. 2022)
+    int micro_batch = 1;    // b, sequences per micro-batch
+    long long n_micro = 1;  // micro-batches per optimizer step per pipeline
     Schedule schedule = Schedule::one_f_one_b;
-    int vpp = 1;               // model chunks per stage (interleaved schedule)
+    int vpp = 1;  // model chunks per stage (interleaved schedule)
     long long devices() const { return (long long)tp * pp * dp; }
 };
 
 struct Cluster {
-    Device dev;          // catalog entry with overrides and calibration applied
-    long long n = 1;     // devices
+    Device dev;       // catalog entry with overrides and calibration applied
+    long long n = 1;  // devices
     Link intra, inter;
     Topology topo;
     Algo algo = Algo::automatic;
     double dp_overlap = 1.0;  // fraction of a backward pass that can hide DP comm
     // Energy and emissions.
     double pue = 1.1;
-    double idle_frac = 0.3;          // device power at idle as a fraction of TDP
+    double idle_frac = 0.3;  // device power at idle as a fraction of TDP
     double network_w_per_device = 30;
     double gco2_per_kwh = 400;
     std::vector<double> gco2_profile;  // hourly, repeats; empty: the constant
@@ -64,8 +64,8 @@ struct Cluster {
     bool spot = false;
     double spot_preempt_per_node_hour = 0.05;
     double mtbf_node_hours = 50000;
-    double ckpt_write_s = 0;   // 0: checkpoint bytes / ckpt_bw
-    double ckpt_bw = 5e9;      // bytes/s per device to storage
+    double ckpt_write_s = 0;  // 0: checkpoint bytes / ckpt_bw
+    double ckpt_bw = 5e9;     // bytes/s per device to storage
     double restart_s = 600;
 
     long long nodes() const;
@@ -81,14 +81,14 @@ struct Memory {  // bytes per device, on the fullest pipeline stage
     bool fits() const { return total() <= capacity; }
 };
 
-struct StepTime {  // seconds per optimizer step
-    double compute = 0;       // forward + backward GEMMs and elementwise, all micro-batches
-    double recompute = 0;     // re-running forward for recomputation
+struct StepTime {          // seconds per optimizer step
+    double compute = 0;    // forward + backward GEMMs and elementwise, all micro-batches
+    double recompute = 0;  // re-running forward for recomputation
     double tp_comm = 0;
     double pp_comm = 0;
-    double bubble = 0;        // pipeline fill and drain
-    double dp_comm = 0;       // total DP / ZeRO communication
-    double dp_exposed = 0;    // the part not hidden behind backward
+    double bubble = 0;      // pipeline fill and drain
+    double dp_comm = 0;     // total DP / ZeRO communication
+    double dp_exposed = 0;  // the part not hidden behind backward
     double optimizer = 0;
     double total = 0;
     double bubble_fraction = 0;  // (p - 1) / (v m)
@@ -101,17 +101,17 @@ struct StepTime {  // seconds per optimizer step
 
 struct Totals {
     double steps = 0;
-    double ideal_s = 0;           // steps x step time, no failures
-    double goodput = 1;           // useful fraction of wall time
-    double ckpt_interval_s = 0;   // Young/Daly
+    double ideal_s = 0;          // steps x step time, no failures
+    double goodput = 1;          // useful fraction of wall time
+    double ckpt_interval_s = 0;  // Young/Daly
     double wall_s = 0;
     double gpu_hours = 0;
-    double cost_usd = 0;          // on demand, or spot if cluster.spot
+    double cost_usd = 0;  // on demand, or spot if cluster.spot
     double cost_on_demand_usd = 0, cost_spot_usd = 0, spot_wall_s = 0;
-    double power_kw = 0;          // whole cluster at the wall, PUE included
+    double power_kw = 0;  // whole cluster at the wall, PUE included
     double energy_kwh = 0;
     double co2e_t = 0;
-    double best_start_hour = 0;   // with an hourly profile
+    double best_start_hour = 0;  // with an hourly profile
     double best_co2e_t = 0;
 };
 

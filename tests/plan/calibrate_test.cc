@@ -3,6 +3,8 @@
 // constants (plus noise), and checks that calibration recovers predictions
 // within 10%. Real local runs are checked once the trainer writes them.
 
+#include "plan/calibrate.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -10,7 +12,6 @@
 #include <random>
 
 #include "core/error.h"
-#include "plan/calibrate.h"
 #include "plan/step_time.h"
 #include "test_util.h"
 
@@ -23,8 +24,9 @@ struct TempDir {
     fs::path path;
     TempDir() {
         path = fs::temp_directory_path() /
-               ("apiary_plan_cal_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-                "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+               ("apiary_plan_cal_" +
+                std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
+                ::testing::UnitTest::GetInstance()->current_test_info()->name());
         fs::remove_all(path);
         fs::create_directories(path);
     }
@@ -107,13 +109,9 @@ TEST(PlanCalibrate, BadRunDirectoriesSayWhat) {
     const fs::path dir = tmp.path / "bad";
     fs::create_directories(dir);
     std::ofstream(dir / "config.toml") << "[model]\npreset = \"tiny\"\n";
-    {
-        std::ofstream(dir / "metrics.jsonl") << "{\"step\": 1, \"eval_loss\": 2}\n";
-    }
+    { std::ofstream(dir / "metrics.jsonl") << "{\"step\": 1, \"eval_loss\": 2}\n"; }
     EXPECT_THROW(read_run(dir.string(), test::schema(), ""), DataError);
-    {
-        std::ofstream(dir / "metrics.jsonl") << "{\"step\": 1, \"step_time_s\": 0.5}\n{oops\n";
-    }
+    { std::ofstream(dir / "metrics.jsonl") << "{\"step\": 1, \"step_time_s\": 0.5}\n{oops\n"; }
     try {
         read_run(dir.string(), test::schema(), "");
         FAIL();

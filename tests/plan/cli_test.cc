@@ -2,12 +2,12 @@
 // files and the error messages users see.
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace {
@@ -31,18 +31,19 @@ Result run(const std::string& args) {
 }
 
 TEST(PlanCli, JsonHasEveryField) {
-    const Result r = run("plan --model gpt3-175b --gpus 1024xA100-80GB --tokens 300e9 "
-                         "--global-batch 1536 --set parallel.tp=8 --set parallel.pp=16 "
-                         "--set train.batch_size=1 --set train.seq_len=2048 "
-                         "--set train.precision=bf16 --set parallel.recompute=full --json");
+    const Result r =
+        run("plan --model gpt3-175b --gpus 1024xA100-80GB --tokens 300e9 "
+            "--global-batch 1536 --set parallel.tp=8 --set parallel.pp=16 "
+            "--set train.batch_size=1 --set train.seq_len=2048 "
+            "--set train.precision=bf16 --set parallel.recompute=full --json");
     ASSERT_EQ(r.code, 0) << r.out;
     const auto j = nlohmann::json::parse(r.out);
     for (const char* k : {"params", "grads", "optimizer", "activations", "buffers", "total"}) {
         EXPECT_TRUE(j["memory_gib"].contains(k)) << k;
     }
-    for (const char* k : {"step_time_s", "step_time_breakdown_s", "tokens_per_s",
-                          "tflops_per_device", "mfu", "hfu", "time_to_train_days", "gpu_hours",
-                          "energy_kwh", "co2e_t", "cost_usd", "fits"}) {
+    for (const char* k :
+         {"step_time_s", "step_time_breakdown_s", "tokens_per_s", "tflops_per_device", "mfu", "hfu",
+          "time_to_train_days", "gpu_hours", "energy_kwh", "co2e_t", "cost_usd", "fits"}) {
         EXPECT_TRUE(j.contains(k)) << k;
     }
     EXPECT_TRUE(j["fits"].get<bool>());
@@ -54,8 +55,9 @@ TEST(PlanCli, JsonHasEveryField) {
 }
 
 TEST(PlanCli, DoesNotFitSaysWhyAndSuggests) {
-    const Result r = run("plan --model gpt3-13b --gpus 8xA100-80GB --set train.batch_size=1 "
-                         "--set train.seq_len=2048 --set train.precision=bf16 --json");
+    const Result r =
+        run("plan --model gpt3-13b --gpus 8xA100-80GB --set train.batch_size=1 "
+            "--set train.seq_len=2048 --set train.precision=bf16 --json");
     ASSERT_EQ(r.code, 0) << r.out;
     const auto j = nlohmann::json::parse(r.out);
     EXPECT_FALSE(j["fits"].get<bool>());
@@ -101,8 +103,9 @@ TEST(PlanCli, ConfigFileSharedWithTheTrainer) {
 }
 
 TEST(PlanCli, SearchJson) {
-    const Result r = run("plan search --model gpt3-6.7b --gpus 64xA100-80GB --global-batch 256 "
-                         "--set train.seq_len=2048 --set train.precision=bf16 --top 3 --json");
+    const Result r =
+        run("plan search --model gpt3-6.7b --gpus 64xA100-80GB --global-batch 256 "
+            "--set train.seq_len=2048 --set train.precision=bf16 --top 3 --json");
     ASSERT_EQ(r.code, 0) << r.out;
     const auto j = nlohmann::json::parse(r.out);
     EXPECT_EQ(j["best"].size(), 3u);
@@ -124,7 +127,8 @@ TEST(PlanCli, ErrorsNameTheProblem) {
     EXPECT_EQ(r.code, 1);
     EXPECT_NE(r.out.find("does not divide model.n_head = 96"), std::string::npos) << r.out;
 
-    r = run("plan search --model llama3-405b --gpus 8xA100-40GB --global-batch 8 "
+    r =
+        run("plan search --model llama3-405b --gpus 8xA100-40GB --global-batch 8 "
             "--set train.seq_len=8192 --set train.precision=bf16");
     EXPECT_EQ(r.code, 1);
     EXPECT_NE(r.out.find("fit no layout"), std::string::npos) << r.out;
@@ -140,8 +144,9 @@ TEST(PlanCli, CarbonProfileFile) {
                                     << "500\n500\n50\n50\n50\n50\n500\n500\n500\n500\n"
                                     << "500\n500\n500\n500\n";
     std::ofstream(dir / "bad.txt") << "400\nlots\n";
-    const std::string base = "plan --model gpt2-124m --gpus 8xA100-80GB --tokens 5e8 --json "
-                             "--set cluster.carbon_profile=";
+    const std::string base =
+        "plan --model gpt2-124m --gpus 8xA100-80GB --tokens 5e8 --json "
+        "--set cluster.carbon_profile=";
     const Result r = run(base + (dir / "grid.txt").string());
     const Result bad = run(base + (dir / "bad.txt").string());
     const Result missing = run(base + (dir / "none.txt").string());

@@ -44,8 +44,8 @@ TEST(PlanClosedForm, MemoryModelStatesAreZeroTimesStageParams) {
                      "train.seq_len=1024"});
     const Memory m = memory_per_device(in.w, in.l, in.c);
     const double p = double(in.w.model.num_params());
-    EXPECT_DOUBLE_EQ(m.params + m.grads + m.optimizer, zero_model_state_bytes(p, 64, 2,
-                                                                              Dtype::bf16));
+    EXPECT_DOUBLE_EQ(m.params + m.grads + m.optimizer,
+                     zero_model_state_bytes(p, 64, 2, Dtype::bf16));
 }
 
 // Kaplan et al. 2020 / Megatron: training FLOPs = 6 N D plus attention
@@ -116,9 +116,8 @@ TEST(PlanClosedForm, KorthikantiActivations) {
     EXPECT_DOUBLE_EQ(
         layer_activation_bytes(m, 2048, 1, 8, false, Recompute::selective, Dtype::bf16),
         sbh * (10 + 24 / t));
-    EXPECT_DOUBLE_EQ(
-        layer_activation_bytes(m, 2048, 1, 8, true, Recompute::selective, Dtype::bf16),
-        sbh * 34 / t);
+    EXPECT_DOUBLE_EQ(layer_activation_bytes(m, 2048, 1, 8, true, Recompute::selective, Dtype::bf16),
+                     sbh * 34 / t);
     EXPECT_DOUBLE_EQ(layer_activation_bytes(m, 2048, 1, 8, false, Recompute::full, Dtype::bf16),
                      2 * sbh);
     EXPECT_DOUBLE_EQ(layer_activation_bytes(m, 2048, 1, 8, true, Recompute::full, Dtype::bf16),
@@ -129,10 +128,10 @@ TEST(PlanClosedForm, KorthikantiActivations) {
 // interleaved p (1 + (p - 1)/(p v)) (Narayanan et al. 2021; Korthikanti et
 // al. 2022, Section 4.2.3). Recomputation off, so blocks dominate.
 TEST(PlanClosedForm, PipelineScheduleActivationMemory) {
-    auto base = std::vector<std::string>{
-        "model.preset=gpt3-13b", "cluster.device=A100-80GB", "cluster.gpus=4",
-        "parallel.pp=4",        "train.batch_size=1",       "plan.global_batch=16",
-        "train.seq_len=2048",   "train.precision=bf16"};
+    auto base = std::vector<std::string>{"model.preset=gpt3-13b", "cluster.device=A100-80GB",
+                                         "cluster.gpus=4",        "parallel.pp=4",
+                                         "train.batch_size=1",    "plan.global_batch=16",
+                                         "train.seq_len=2048",    "train.precision=bf16"};
     auto act = [&](const char* sched, int v) {
         auto sets = base;
         sets.push_back(std::string("parallel.schedule=") + sched);
@@ -141,8 +140,8 @@ TEST(PlanClosedForm, PipelineScheduleActivationMemory) {
         return memory_per_device(in.w, in.l, in.c).activations;
     };
     auto in = input(base);
-    const double per_layer = layer_activation_bytes(in.w.model, 2048, 1, 1, false,
-                                                    Recompute::none, Dtype::bf16);
+    const double per_layer =
+        layer_activation_bytes(in.w.model, 2048, 1, 1, false, Recompute::none, Dtype::bf16);
     const double blocks = 10 * per_layer;  // 40 layers / 4 stages
     const double f1b = act("1f1b", 1), gpipe = act("gpipe", 1), inter = act("interleaved", 2);
     EXPECT_NEAR(f1b, 4 * blocks, 0.01 * f1b);  // + the embedding mask, < 1%

@@ -73,12 +73,11 @@ TEST(PlanPublished, MegatronTable1WeakScaling) {
 // sustains 140 TFLOP/s per GPU, so 300B tokens take about 34 days
 // (8 T P / (n X) = 8 x 300e9 x 175e9 / (1024 x 140e12)).
 TEST(PlanPublished, Gpt3On1024A100) {
-    const Plan p = plan_of({"model.preset=gpt3-175b", "model.vocab_size=51200",
-                            "train.seq_len=2048", "cluster.device=A100-80GB", "cluster.gpus=1024",
-                            "parallel.tp=8", "parallel.pp=16", "plan.global_batch=1536",
-                            "train.batch_size=1", "train.precision=fp16",
-                            "parallel.recompute=full", "plan.tokens=300e9",
-                            "cluster.mtbf_node_hours=1e9"});
+    const Plan p =
+        plan_of({"model.preset=gpt3-175b", "model.vocab_size=51200", "train.seq_len=2048",
+                 "cluster.device=A100-80GB", "cluster.gpus=1024", "parallel.tp=8", "parallel.pp=16",
+                 "plan.global_batch=1536", "train.batch_size=1", "train.precision=fp16",
+                 "parallel.recompute=full", "plan.tokens=300e9", "cluster.mtbf_node_hours=1e9"});
     ASSERT_TRUE(p.fits) << p.why;
     EXPECT_NEAR(hw_tflops(p) / 140.0, 1.0, 0.15) << hw_tflops(p);
     EXPECT_NEAR(p.tot.wall_s / 86400 / 34.0, 1.0, 0.15) << p.tot.wall_s / 86400;
@@ -96,27 +95,24 @@ TEST(PlanPublished, MegatronTable2StrongScaling) {
         double tflops, days;
     };
     for (const Row& r : {Row{384, 153, 84}, Row{768, 149, 43}, Row{1536, 141, 23}}) {
-        const Plan p = plan_of(megatron_gpt(96, 12288, 96) +
-                               std::vector<std::string>{
-                                   "cluster.device=A100-80GB",
-                                   "cluster.gpus=" + std::to_string(r.gpus), "parallel.tp=8",
-                                   "parallel.pp=12", "plan.global_batch=1536",
-                                   "train.batch_size=1", "train.precision=fp16",
-                                   "parallel.recompute=full", "parallel.schedule=interleaved",
-                                   "plan.virtual_stages=2", "plan.tokens=300e9",
-                                   "cluster.mtbf_node_hours=1e9"});
+        const Plan p = plan_of(
+            megatron_gpt(96, 12288, 96) +
+            std::vector<std::string>{
+                "cluster.device=A100-80GB", "cluster.gpus=" + std::to_string(r.gpus),
+                "parallel.tp=8", "parallel.pp=12", "plan.global_batch=1536", "train.batch_size=1",
+                "train.precision=fp16", "parallel.recompute=full", "parallel.schedule=interleaved",
+                "plan.virtual_stages=2", "plan.tokens=300e9", "cluster.mtbf_node_hours=1e9"});
         EXPECT_NEAR(hw_tflops(p) / r.tflops, 1.0, 0.15) << r.gpus << ": " << hw_tflops(p);
         EXPECT_NEAR(p.tot.wall_s / 86400 / r.days, 1.0, 0.15) << r.gpus;
     }
     for (const Row& r : {Row{560, 171, 156}, Row{1120, 167, 80}, Row{2240, 159, 42}}) {
-        const Plan p = plan_of(megatron_gpt(105, 20480, 128) +
-                               std::vector<std::string>{
-                                   "cluster.device=A100-80GB",
-                                   "cluster.gpus=" + std::to_string(r.gpus), "parallel.tp=8",
-                                   "parallel.pp=35", "plan.global_batch=2240",
-                                   "train.batch_size=1", "train.precision=fp16",
-                                   "parallel.recompute=full", "plan.tokens=300e9",
-                                   "cluster.mtbf_node_hours=1e9"});
+        const Plan p =
+            plan_of(megatron_gpt(105, 20480, 128) +
+                    std::vector<std::string>{
+                        "cluster.device=A100-80GB", "cluster.gpus=" + std::to_string(r.gpus),
+                        "parallel.tp=8", "parallel.pp=35", "plan.global_batch=2240",
+                        "train.batch_size=1", "train.precision=fp16", "parallel.recompute=full",
+                        "plan.tokens=300e9", "cluster.mtbf_node_hours=1e9"});
         EXPECT_NEAR(hw_tflops(p) / r.tflops, 1.0, 0.15) << r.gpus << ": " << hw_tflops(p);
         EXPECT_NEAR(p.tot.wall_s / 86400 / r.days, 1.0, 0.15) << r.gpus;
     }
@@ -143,19 +139,19 @@ const KorthikantiRun kKorthikanti[] = {
 
 std::vector<std::string> korthikanti_layout(const KorthikantiRun& r, const char* recompute,
                                             bool sp) {
-    std::vector<std::string> v = megatron_gpt(r.layers, r.hidden, r.heads) +
-                                 std::vector<std::string>{
-                                     "cluster.device=A100-80GB",
-                                     "cluster.gpus=" + std::to_string(r.gpus),
-                                     "parallel.tp=8",
-                                     "parallel.pp=" + std::to_string(r.pp),
-                                     "plan.global_batch=" + std::to_string(r.batch),
-                                     "train.batch_size=" + std::to_string(r.micro),
-                                     "train.precision=bf16",
-                                     std::string("parallel.recompute=") + recompute,
-                                     std::string("parallel.sequence_parallel=") +
-                                         (sp ? "true" : "false"),
-                                 };
+    std::vector<std::string> v =
+        megatron_gpt(r.layers, r.hidden, r.heads) +
+        std::vector<std::string>{
+            "cluster.device=A100-80GB",
+            "cluster.gpus=" + std::to_string(r.gpus),
+            "parallel.tp=8",
+            "parallel.pp=" + std::to_string(r.pp),
+            "plan.global_batch=" + std::to_string(r.batch),
+            "train.batch_size=" + std::to_string(r.micro),
+            "train.precision=bf16",
+            std::string("parallel.recompute=") + recompute,
+            std::string("parallel.sequence_parallel=") + (sp ? "true" : "false"),
+        };
     if (r.vpp > 1) {
         v.push_back("parallel.schedule=interleaved");
         v.push_back("plan.virtual_stages=" + std::to_string(r.vpp));
@@ -227,11 +223,11 @@ TEST(PlanPublished, KorthikantiFiveTimesLessActivationMemory) {
 // (Megatron 7.5B shape) on 64 GPUs must land within 10%.
 TEST(PlanPublished, ZeroPaperModelStates) {
     for (const auto& [stage, gb] : {std::pair{0, 120.0}, {1, 31.4}, {2, 16.6}, {3, 1.9}}) {
-        const Plan p = plan_of(megatron_gpt(36, 4096, 32) +
-                               std::vector<std::string>{
-                                   "cluster.device=A100-80GB", "cluster.gpus=64",
-                                   "parallel.zero_stage=" + std::to_string(stage),
-                                   "train.batch_size=1", "train.precision=fp16"});
+        const Plan p =
+            plan_of(megatron_gpt(36, 4096, 32) +
+                    std::vector<std::string>{"cluster.device=A100-80GB", "cluster.gpus=64",
+                                             "parallel.zero_stage=" + std::to_string(stage),
+                                             "train.batch_size=1", "train.precision=fp16"});
         const double states = (p.mem.params + p.mem.grads + p.mem.optimizer) / 1e9;
         EXPECT_NEAR(states / gb, 1.0, 0.10) << "stage " << stage << ": " << states << " GB";
     }
@@ -248,13 +244,12 @@ TEST(PlanPublished, MtNlgKnownOptimism) {
     const std::pair<int, double> runs[] = {{2240, 126}, {2800, 121}, {3360, 113}};
     double prev = 1e9;
     for (const auto& [gpus, tflops] : runs) {
-        const Plan p = plan_of(megatron_gpt(105, 20480, 128) +
-                               std::vector<std::string>{
-                                   "cluster.device=A100-80GB",
-                                   "cluster.gpus=" + std::to_string(gpus), "parallel.tp=8",
-                                   "parallel.pp=35", "plan.global_batch=1920",
-                                   "train.batch_size=1", "train.precision=bf16",
-                                   "parallel.recompute=full"});
+        const Plan p =
+            plan_of(megatron_gpt(105, 20480, 128) +
+                    std::vector<std::string>{
+                        "cluster.device=A100-80GB", "cluster.gpus=" + std::to_string(gpus),
+                        "parallel.tp=8", "parallel.pp=35", "plan.global_batch=1920",
+                        "train.batch_size=1", "train.precision=bf16", "parallel.recompute=full"});
         EXPECT_NEAR(hw_tflops(p) / tflops, 1.0, 0.30) << gpus << ": " << hw_tflops(p);
         EXPECT_GT(hw_tflops(p), tflops);  // the direction of the known bias
         // Per-GPU throughput falls as the pipeline gets fewer micro-batches.
@@ -272,14 +267,14 @@ TEST(PlanPublished, MtNlgKnownOptimism) {
 // Not checked: the notes' "60 GB of memory on each GPU", which is what the
 // caching allocator held; the planner counts what is needed (~36 GiB).
 TEST(PlanPublished, Bloom176B) {
-    const Plan p = plan_of(megatron_gpt(70, 14336, 112) +
-                           std::vector<std::string>{
-                               "model.vocab_size=250880", "cluster.device=A100-80GB",
-                               "cluster.gpus=384", "cluster.inter_link=opa-100-half",
-                               "cluster.topology=fat-tree", "parallel.tp=4", "parallel.pp=12",
-                               "parallel.zero_stage=1", "plan.global_batch=2048",
-                               "train.batch_size=2", "train.precision=bf16",
-                               "parallel.recompute=full", "plan.tokens=366e9"});
+    const Plan p =
+        plan_of(megatron_gpt(70, 14336, 112) +
+                std::vector<std::string>{
+                    "model.vocab_size=250880", "cluster.device=A100-80GB", "cluster.gpus=384",
+                    "cluster.inter_link=opa-100-half", "cluster.topology=fat-tree", "parallel.tp=4",
+                    "parallel.pp=12", "parallel.zero_stage=1", "plan.global_batch=2048",
+                    "train.batch_size=2", "train.precision=bf16", "parallel.recompute=full",
+                    "plan.tokens=366e9"});
     ASSERT_TRUE(p.fits) << p.why;
     EXPECT_NEAR(hw_tflops(p) / 150.0, 1.0, 0.15) << hw_tflops(p);
     EXPECT_NEAR(p.tot.gpu_hours / 1082990.0, 1.0, 0.15) << p.tot.gpu_hours;
@@ -291,16 +286,16 @@ TEST(PlanPublished, Bloom176B) {
 // accounting (devices at TDP, no host or network, PUE 1) on its own BLOOM
 // prediction lands within 15%.
 TEST(PlanPublished, BloomEnergyAndCarbon) {
-    const Plan p = plan_of(megatron_gpt(70, 14336, 112) +
-                           std::vector<std::string>{
-                               "model.vocab_size=250880", "cluster.device=A100-80GB",
-                               "cluster.gpus=384", "cluster.inter_link=opa-100-half",
-                               "cluster.topology=fat-tree", "parallel.tp=4", "parallel.pp=12",
-                               "parallel.zero_stage=1", "plan.global_batch=2048",
-                               "train.batch_size=2", "train.precision=bf16",
-                               "parallel.recompute=full", "plan.tokens=366e9",
-                               "cluster.idle_frac=1", "cluster.pue=1", "cluster.host_w_per_node=0",
-                               "cluster.network_w_per_device=0", "cluster.gco2_per_kwh=57"});
+    const Plan p =
+        plan_of(megatron_gpt(70, 14336, 112) +
+                std::vector<std::string>{
+                    "model.vocab_size=250880", "cluster.device=A100-80GB", "cluster.gpus=384",
+                    "cluster.inter_link=opa-100-half", "cluster.topology=fat-tree", "parallel.tp=4",
+                    "parallel.pp=12", "parallel.zero_stage=1", "plan.global_batch=2048",
+                    "train.batch_size=2", "train.precision=bf16", "parallel.recompute=full",
+                    "plan.tokens=366e9", "cluster.idle_frac=1", "cluster.pue=1",
+                    "cluster.host_w_per_node=0", "cluster.network_w_per_device=0",
+                    "cluster.gco2_per_kwh=57"});
     EXPECT_NEAR(p.tot.energy_kwh / 433196.0, 1.0, 0.15) << p.tot.energy_kwh;
     EXPECT_NEAR(p.tot.co2e_t / 24.69, 1.0, 0.15) << p.tot.co2e_t;
 }
@@ -308,9 +303,8 @@ TEST(PlanPublished, BloomEnergyAndCarbon) {
 // Layouts the papers could not run must not fit here either: GPT-3 175B
 // without any parallelism needs ~2.8 TB of model states (16 bytes/param).
 TEST(PlanPublished, Gpt3DoesNotFitOnOneGpu) {
-    const Plan p = plan_of({"model.preset=gpt3-175b", "cluster.device=A100-80GB",
-                            "cluster.gpus=1", "train.precision=bf16", "train.batch_size=1",
-                            "train.seq_len=2048"});
+    const Plan p = plan_of({"model.preset=gpt3-175b", "cluster.device=A100-80GB", "cluster.gpus=1",
+                            "train.precision=bf16", "train.batch_size=1", "train.seq_len=2048"});
     EXPECT_FALSE(p.fits);
     EXPECT_NEAR((p.mem.params + p.mem.grads + p.mem.optimizer) / 1e12, 2.8, 0.1);
     EXPECT_NE(p.why.find("A100-80GB"), std::string::npos);

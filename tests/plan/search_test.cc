@@ -1,9 +1,10 @@
 // plan search: enumerates, drops with reasons, ranks; bad layouts get clear errors.
 
+#include "plan/search.h"
+
 #include <gtest/gtest.h>
 
 #include "core/error.h"
-#include "plan/search.h"
 #include "test_util.h"
 
 namespace apiary::plan {
@@ -38,7 +39,7 @@ TEST(PlanSearch, RanksFittingLayoutsByTime) {
 
 TEST(PlanSearch, CostRankingCanPreferFewerDevices) {
     auto in = search_in({"model.preset=gpt2-350m", "cluster.device=A100-80GB", "cluster.gpus=256",
-                     "plan.global_batch=256", "train.seq_len=1024", "plan.tokens=1e10"});
+                         "plan.global_batch=256", "train.seq_len=1024", "plan.tokens=1e10"});
     SearchOptions o;
     o.vary_devices = true;
     o.top = 1;
@@ -54,7 +55,7 @@ TEST(PlanSearch, CostRankingCanPreferFewerDevices) {
 
 TEST(PlanSearch, FitsNowhereSaysWhatWouldBeNeeded) {
     auto in = search_in({"model.preset=llama3-405b", "cluster.device=A100-40GB", "cluster.gpus=8",
-                     "plan.global_batch=8", "train.seq_len=8192", "train.precision=bf16"});
+                         "plan.global_batch=8", "train.seq_len=8192", "train.precision=bf16"});
     const SearchResult r = search(in.w, in.c, SearchOptions{});
     EXPECT_TRUE(r.best.empty());
     const std::string msg = fits_nowhere(in.w, in.c, r);
@@ -77,8 +78,7 @@ TEST(PlanSearch, LayoutsThatDoNotDivideAreConfigErrors) {
                "parallel.schedule=interleaved", "plan.virtual_stages=2"});
         FAIL();
     } catch (const ConfigError& e) {
-        EXPECT_NE(std::string(e.what()).find("model.n_layer = 96"), std::string::npos)
-            << e.what();
+        EXPECT_NE(std::string(e.what()).find("model.n_layer = 96"), std::string::npos) << e.what();
     }
     EXPECT_THROW(input({"model.preset=gpt3-175b", "cluster.gpus=128", "parallel.pp=128"}),
                  ConfigError);

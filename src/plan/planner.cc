@@ -81,6 +81,10 @@ void add_keys(core::Schema& s) {
                "fraction of a micro-batch's backward that can hide DP communication "
                "(-1: the device's: 1 for GPUs, 0 for CPU ranks)",
                -1, 1);
+    s.add_int("cluster.zero3_gathers_per_block", 1,
+              "ZeRO-3 all-gathers per block: 1 for FSDP-style flat parameters, about the "
+              "number of weight tensors (12 for GPT) for per-parameter gathers",
+              1, 1000);
     s.add_real("cluster.price_per_hour", 0, "USD per device-hour on demand (0: catalog)", 0, 1e6);
     s.add_real("cluster.spot_price_per_hour", 0, "USD per device-hour on spot (0: catalog)", 0,
                1e6);
@@ -139,6 +143,7 @@ Cluster cluster_from(const core::Config& cfg, long long devices) {
     c.algo = parse_algo(cfg.get_string("cluster.collective"));
     c.dp_overlap = cfg.get_real("cluster.dp_overlap");
     if (c.dp_overlap < 0) c.dp_overlap = d.dp_overlap;
+    c.zero3_gathers = int(cfg.get_int("cluster.zero3_gathers_per_block"));
     c.pue = cfg.get_real("cluster.pue");
     c.idle_frac = cfg.get_real("cluster.idle_frac");
     c.network_w_per_device = cfg.get_real("cluster.network_w_per_device");

@@ -136,15 +136,17 @@ StepTime step_time(const Workload& w, const Layout& l, const Cluster& c) {
         const double window = c.dp_overlap * lp * 2 * lc.fwd;
         st.dp_exposed = std::max(0.0, st.dp_comm - window);
     } else {
-        // One gather per block (FSDP's flat parameter per block), so the
-        // ring latency, (n - 1) alpha per collective, is paid 3 x blocks times.
+        // `zero3_gathers` collectives per block (1: FSDP's flat parameter per
+        // block; DeepSpeed 2021 gathered each parameter tensor), so the ring
+        // latency, (n - 1) alpha per collective, is paid 3 x blocks x that.
+        const double k = std::max(1, c.zero3_gathers);
         const double block = layer_params(m) / l.tp;
         const double rest = std::max(0.0, p_dev - lp * block);
         auto three = [&](double params) {
             return 2 * reduce_scatter_s(c, dpg, params * sb.weight) +
                    reduce_scatter_s(c, dpg, params * sb.grad);
         };
-        const double per_mb = lp * three(block) + three(rest);
+        const double per_mb = lp * k * three(block / k) + three(rest);
         st.dp_comm = nm * per_mb;
         const double window = c.dp_overlap * (per_mb_compute + per_mb_rec);
         st.dp_exposed = nm * std::max(0.0, per_mb - window);

@@ -52,6 +52,7 @@ struct Cluster {
     Topology topo;
     Algo algo = Algo::automatic;
     double dp_overlap = 1.0;  // fraction of a backward pass that can hide DP comm
+    int zero3_gathers = 1;    // ZeRO-3 collectives per block per direction
     // Energy and emissions.
     double pue = 1.1;
     double idle_frac = 0.3;  // device power at idle as a fraction of TDP

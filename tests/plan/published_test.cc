@@ -118,6 +118,36 @@ TEST(PlanPublished, MegatronTable2StrongScaling) {
     }
 }
 
+// Narayanan et al. 2021, Table 2, ZeRO-3 rows (DeepSpeed 2021, no model
+// parallelism, 175B, batch 1,536): 144 / 88 / 44 TFLOP/s per GPU on 384 / 768
+// / 1,536 GPUs (micro-batch 4 / 2 / 1). With the planner's defaults
+// (FSDP-style: one gather per block, overlapped) it predicts ~200 throughout
+// (a documented miss). Described as that implementation ran: a gather per
+// parameter tensor (12 per GPT block), NCCL's ring-only all-gather and no
+// overlap, the planner reproduces the collapse from the growing ring latency:
+// within 30%, and the 1,536/384 ratio (published 0.31) within 0.2-0.45.
+TEST(PlanPublished, ZeroThreeCollapseWithPerTensorGathers) {
+    struct Row {
+        int gpus, micro;
+        double tflops;
+    };
+    std::vector<double> got;
+    for (const Row& r : {Row{384, 4, 144}, Row{768, 2, 88}, Row{1536, 1, 44}}) {
+        const Plan p =
+            plan_of(megatron_gpt(96, 12288, 96) +
+                    std::vector<std::string>{
+                        "cluster.device=A100-80GB", "cluster.gpus=" + std::to_string(r.gpus),
+                        "parallel.zero_stage=3", "plan.global_batch=1536",
+                        "train.batch_size=" + std::to_string(r.micro), "train.precision=fp16",
+                        "parallel.recompute=full", "cluster.collective=ring",
+                        "cluster.dp_overlap=0", "cluster.zero3_gathers_per_block=12"});
+        EXPECT_NEAR(hw_tflops(p) / r.tflops, 1.0, 0.30) << r.gpus << ": " << hw_tflops(p);
+        got.push_back(hw_tflops(p));
+    }
+    EXPECT_GT(got[2] / got[0], 0.2);
+    EXPECT_LT(got[2] / got[0], 0.45);
+}
+
 struct KorthikantiRun {
     const char* name;
     int layers, hidden, heads, pp, gpus, batch, micro, vpp;

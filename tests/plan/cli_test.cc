@@ -162,6 +162,46 @@ TEST(PlanCli, CarbonProfileFile) {
     EXPECT_NE(missing.out.find("cannot read"), std::string::npos) << missing.out;
 }
 
+// SYNTHETIC run directories in the trainer's format (config.toml with keys
+// the planner does not know, metrics.jsonl with eval lines mixed in).
+TEST(PlanCli, CalibrateWritesAFileThePlannerReads) {
+    const fs::path dir = fs::temp_directory_path() / "apiary_plan_cli_cal";
+    fs::remove_all(dir);
+    for (int w : {1, 2}) {
+        const fs::path run_dir = dir / ("run" + std::to_string(w));
+        fs::create_directories(run_dir);
+        std::ofstream(run_dir / "config.toml")
+            << "[model]\npreset = \"tiny\"\n[train]\nbatch_size = 8\nseq_len = 256\n"
+            << "[optim]\nlr = 0.001\n";
+        std::ofstream m(run_dir / "metrics.jsonl");
+        for (int s = 1; s <= 12; ++s) {
+            m << "{\"step\": " << s
+              << ", \"loss\": 3.0, \"lr\": 0.001, \"step_time_s\": " << 0.2 * w
+              << ", \"tokens_per_s\": 1, \"mfu\": 0.2, \"world_size\": " << w << "}\n";
+        }
+        m << "{\"step\": 12, \"eval_loss\": 2.9}\n";
+    }
+    const std::string out = (dir / "cal.toml").string();
+    const Result r = run("plan calibrate " + (dir / "run1").string() + " " +
+                         (dir / "run2").string() + " --out " + out);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("rms relative error"), std::string::npos) << r.out;
+    const Result p =
+        run("plan --set model.preset=tiny --set train.batch_size=8 "
+            "--set train.seq_len=256 --calibration " +
+            out + " --json");
+    ASSERT_EQ(p.code, 0) << p.out;
+    const double t = nlohmann::json::parse(p.out)["step_time_s"].get<double>();
+    EXPECT_NEAR(t / 0.2, 1.0, 0.10);  // one run, one constant: it fits that run
+    const Result other = run("plan --gpus 8xA100-80GB --calibration " + out);
+    EXPECT_EQ(other.code, 1);
+    EXPECT_NE(other.out.find("is for device 'epyc-zen5-2c'"), std::string::npos) << other.out;
+    const Result empty = run("plan calibrate " + dir.string());
+    EXPECT_EQ(empty.code, 1);
+    EXPECT_NE(empty.out.find("config.toml"), std::string::npos) << empty.out;
+    fs::remove_all(dir);
+}
+
 TEST(PlanCli, DevicesListsTheCatalog) {
     const Result r = run("plan devices");
     ASSERT_EQ(r.code, 0) << r.out;

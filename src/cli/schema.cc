@@ -2,6 +2,7 @@
 // trainer and planner read the same file.
 
 #include "cli/command.h"
+#include "plan/planner.h"
 #include "train/keys.h"
 
 namespace apiary::cli {
@@ -11,6 +12,7 @@ const core::Schema& full_schema() {
         core::Schema s;
         core::add_shared_keys(s);
         train::add_keys(s);
+        plan::add_keys(s);
         return s;
     }();
     return schema;

@@ -1,0 +1,200 @@
+// `apiary plan`: predict memory, step time, MFU, time-to-train, cost, energy
+// and CO2e for a model on a cluster; `plan search` finds the best layout;
+// `plan calibrate` fits the device constants to measured runs; `plan devices`
+// lists the catalog. Formulas: docs/planner.md.
+
+#include <fmt/format.h>
+
+#include <cstdio>
+
+#include "cli/command.h"
+#include "core/error.h"
+#include "plan/calibrate.h"
+#include "plan/catalog.h"
+#include "plan/planner.h"
+#include "plan/search.h"
+
+namespace apiary::cli {
+
+namespace {
+
+struct Options {
+    std::string config_file, cluster_file;
+    std::vector<std::string> sets;
+    std::string model, gpus, calibration;
+    double tokens = -1;
+    long long global_batch = 0;
+    bool json = false;
+};
+
+void add_common(CLI::App* cmd, Options& o) {
+    cmd->add_option("--config", o.config_file, "TOML config (the one `apiary train` reads)");
+    cmd->add_option("--cluster", o.cluster_file,
+                    "TOML file with a [cluster] table, read after --config");
+    cmd->add_option("--set", o.sets, "key=value override (repeatable)");
+    cmd->add_option("--model", o.model, "model preset (model.preset)");
+    cmd->add_option("--gpus", o.gpus,
+                    "devices, e.g. 1024xA100-80GB (cluster.gpus, cluster.device)");
+    cmd->add_option("--tokens", o.tokens, "tokens to train on (plan.tokens), e.g. 300e9");
+    cmd->add_option("--global-batch", o.global_batch,
+                    "sequences per optimizer step (plan.global_batch; default "
+                    "train.batch_size * train.grad_accum * dp)");
+    cmd->add_option("--calibration", o.calibration, "file from `apiary plan calibrate`");
+    cmd->add_flag("--json", o.json, "print one JSON object");
+}
+
+core::Config resolve(const Options& o) {
+    // Command-line shorthands sit between the file and explicit --set.
+    std::vector<std::string> sets;
+    if (!o.model.empty()) sets.push_back("model.preset=" + o.model);
+    if (!o.gpus.empty()) {
+        const plan::GpuSpec g = plan::parse_gpus(o.gpus);
+        if (g.count > 0) sets.push_back(fmt::format("cluster.gpus={}", g.count));
+        if (!g.device.empty()) sets.push_back("cluster.device=" + g.device);
+    }
+    if (o.tokens >= 0) sets.push_back(fmt::format("plan.tokens={}", o.tokens));
+    if (o.global_batch > 0) sets.push_back(fmt::format("plan.global_batch={}", o.global_batch));
+    if (!o.calibration.empty()) sets.push_back("plan.calibration=" + o.calibration);
+    sets.insert(sets.end(), o.sets.begin(), o.sets.end());
+    core::Config cfg = load_config(o.config_file, {});
+    if (!o.cluster_file.empty()) cfg.load_file(o.cluster_file);
+    for (const auto& s : sets) cfg.set(s);
+    return cfg;
+}
+
+void run_plan(const Options& o) {
+    const core::Config cfg = resolve(o);
+    const plan::PlanInput in = plan::plan_input(cfg);
+    plan::Plan p = plan::evaluate(in.w, in.l, in.c);
+    if (!p.fits) {
+        // Point at a layout that does fit, when one exists.
+        plan::SearchOptions so;
+        so.top = 1;
+        so.micro_batches = {in.l.micro_batch};
+        const plan::SearchResult r = plan::search(in.w, in.c, so);
+        if (!r.best.empty()) {
+            p.why += "; a layout that fits: " + plan::layout_string(r.best[0].l);
+        } else {
+            p.why += "; " + plan::fits_nowhere(in.w, in.c, r);
+        }
+    }
+    if (o.json) {
+        fmt::print("{}\n", plan::to_json(p, in.c).dump(2));
+    } else {
+        fmt::print("{}", plan::to_table(p, in.c));
+    }
+}
+
+void run_search(const Options& o, bool by_cost, int top, bool vary) {
+    const core::Config cfg = resolve(o);
+    // The layout keys only seed the device count and batch; search varies them.
+    const plan::PlanInput in = plan::search_input(cfg);
+    plan::SearchOptions so;
+    so.by_cost = by_cost;
+    so.top = top;
+    so.vary_devices = vary;
+    const plan::SearchResult r = plan::search(in.w, in.c, so);
+    if (r.best.empty()) throw ConfigError(plan::fits_nowhere(in.w, in.c, r));
+    if (o.json) {
+        nlohmann::json j;
+        j["candidates"] = r.candidates;
+        j["fitting"] = r.fitting;
+        j["seconds"] = r.seconds;
+        j["rank_by"] = by_cost ? "cost" : "time";
+        for (const auto& [why, n] : r.dropped) {
+            j["dropped"][why] = {{"count", n}, {"example", r.example.at(why)}};
+        }
+        for (size_t i = 0; i < r.best.size(); ++i) {
+            plan::Cluster c = in.c;
+            c.n = r.best_devices[i];
+            j["best"].push_back(plan::to_json(r.best[i], c));
+        }
+        fmt::print("{}\n", j.dump(2));
+        return;
+    }
+    fmt::print("{} candidates in {:.3f} s: {} fit, ranked by {}\n", r.candidates, r.seconds,
+               r.fitting, by_cost ? "cost" : "step time");
+    for (const auto& [why, n] : r.dropped) {
+        fmt::print("  dropped {:>8}: {} (e.g. {})\n", n, why, r.example.at(why));
+    }
+    fmt::print("\n{:>4} {:>6} {:<52} {:>9} {:>7} {:>7} {:>9} {:>12}\n", "rank", "devs", "layout",
+               "step s", "MFU", "GiB", "days", "cost $");
+    for (size_t i = 0; i < r.best.size(); ++i) {
+        const auto& p = r.best[i];
+        // Days and cost need plan.tokens / --tokens.
+        const bool run = p.w.tokens > 0;
+        fmt::print("{:>4} {:>6} {:<52} {:>9.4g} {:>6.1f}% {:>7.1f} {:>9} {:>12}\n", i + 1,
+                   r.best_devices[i], plan::layout_string(p.l), p.st.total, 100 * p.st.mfu,
+                   p.mem.total() / (1024.0 * 1024 * 1024),
+                   run ? fmt::format("{:.3g}", p.tot.wall_s / 86400) : "-",
+                   run ? fmt::format("{:.4g}", p.tot.cost_usd) : "-");
+    }
+}
+
+void setup(CLI::App& app) {
+    auto* cmd = app.add_subcommand(
+        "plan", "predict memory, step time, MFU, time, cost, energy and CO2e of a run");
+    cmd->require_subcommand(0, 1);
+    static Options plan_opts, search_opts;
+    add_common(cmd, plan_opts);
+    cmd->callback([cmd] {
+        if (cmd->get_subcommands().empty()) run_plan(plan_opts);
+    });
+
+    auto* s = cmd->add_subcommand("search", "rank every parallel layout that fits");
+    add_common(s, search_opts);
+    static std::string rank_by = "time";
+    static int top = 10;
+    static bool vary = false;
+    s->add_option("--rank-by", rank_by, "time or cost")->check(CLI::IsMember({"time", "cost"}));
+    s->add_option("--top", top, "how many layouts to show");
+    s->add_flag("--vary-gpus", vary, "also try 1/2, 1/4, ... of the devices");
+    s->callback([] { run_search(search_opts, rank_by == "cost", top, vary); });
+
+    auto* cal = cmd->add_subcommand("calibrate", "fit device constants to measured runs");
+    static std::vector<std::string> dirs;
+    static std::string out = "calibration.toml", device;
+    cal->add_option("run_dirs", dirs, "run directories (config.toml + metrics.jsonl)")->required();
+    cal->add_option("--out", out, "calibration file to write");
+    cal->add_option("--device", device, "device the runs ran on (default: their cluster.device)");
+    cal->callback([] {
+        std::vector<plan::RunRecord> runs;
+        for (const auto& d : dirs) runs.push_back(plan::read_run(d, full_schema(), device));
+        const plan::Calibration c = plan::calibrate(runs);
+        plan::write_calibration(c, out);
+        fmt::print("calibrated {} on {} runs: gemm_eff {:.4g}", c.device, c.runs, c.gemm_eff);
+        if (c.mem_eff > 0) fmt::print(", mem_eff {:.4g}", c.mem_eff);
+        if (c.gemm_knee > 0) fmt::print(", gemm_knee {:.4g}", c.gemm_knee);
+        if (c.intra_bw > 0) fmt::print(", intra bw {:.4g} GB/s", c.intra_bw / 1e9);
+        if (c.intra_latency > 0) fmt::print(", latency {:.4g} us", c.intra_latency * 1e6);
+        fmt::print("\n{:<40} {:>6} {:>11} {:>11} {:>11}\n", "run", "ranks", "measured s",
+                   "before s", "after s");
+        for (const auto& r : c.rows) {
+            fmt::print("{:<40} {:>6} {:>11.4g} {:>11.4g} {:>11.4g}\n", r.dir, r.world_size,
+                       r.measured_s, r.before_s, r.after_s);
+        }
+        fmt::print("rms relative error {:.1f}% -> {:.1f}%; wrote {}\n", 100 * c.rms_rel_err_before,
+                   100 * c.rms_rel_err_after, out);
+    });
+
+    auto* dev = cmd->add_subcommand("devices", "the hardware catalog");
+    dev->callback([] {
+        fmt::print("{:<14} {:>9} {:>9} {:>9} {:>8} {:>9} {:>6} {:>9} {:>9}\n", "device", "fp32 TF",
+                   "bf16 TF", "fp8 TF", "mem GiB", "mem GB/s", "TDP W", "intra", "inter");
+        for (const auto& n : plan::device_names()) {
+            const auto& d = plan::device(n);
+            fmt::print("{:<14} {:>9.4g} {:>9.4g} {:>9.4g} {:>8.1f} {:>9.0f} {:>6.0f} {:>9} {:>9}\n",
+                       n, d.peak_fp32 / 1e12, d.peak_bf16 / 1e12, d.peak_fp8 / 1e12,
+                       d.mem_bytes / (1024.0 * 1024 * 1024), d.mem_bw / 1e9, d.tdp_w, d.intra_link,
+                       d.inter_link);
+        }
+        fmt::print("\nlinks: {}\ntopologies: {}\n", fmt::join(plan::link_names(), ", "),
+                   fmt::join(plan::topology_names(), ", "));
+    });
+}
+
+CommandRegistrar reg("plan", setup);
+
+}  // namespace
+
+}  // namespace apiary::cli

@@ -1,0 +1,298 @@
+#include "plan/calibrate.h"
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/error.h"
+#include "plan/step_time.h"
+
+namespace apiary::plan {
+
+Calibration read_calibration(const std::string& path) {
+    toml::table t;
+    try {
+        t = toml::parse_file(path);
+    } catch (const toml::parse_error& e) {
+        throw IoError(fmt::format("plan.calibration: cannot read '{}': {}", path,
+                                  std::string(e.description())));
+    }
+    const auto* c = t["calibration"].as_table();
+    if (!c) {
+        throw ConfigError(fmt::format(
+            "plan.calibration {}: no [calibration] table; write it with `apiary plan calibrate`",
+            path));
+    }
+    Calibration cal;
+    cal.device = (*c)["device"].value_or(std::string());
+    if (cal.device.empty()) {
+        throw ConfigError(fmt::format("plan.calibration {}: calibration.device is missing", path));
+    }
+    cal.gemm_eff = (*c)["gemm_eff"].value_or(0.0);
+    cal.mem_eff = (*c)["mem_eff"].value_or(0.0);
+    cal.gemm_knee = (*c)["gemm_knee"].value_or(0.0);
+    cal.intra_bw = (*c)["intra_bw_gbs"].value_or(0.0) * 1e9;
+    cal.intra_latency = (*c)["intra_latency_us"].value_or(0.0) * 1e-6;
+    cal.runs = int((*c)["runs"].value_or(int64_t(0)));
+    cal.rms_rel_err_after = (*c)["rms_rel_err"].value_or(0.0);
+    return cal;
+}
+
+void write_calibration(const Calibration& cal, const std::string& path) {
+    std::ofstream out(path);
+    if (!out) throw IoError(fmt::format("calibrate: cannot write '{}'", path));
+    out << "# Written by `apiary plan calibrate`; read with --calibration or plan.calibration.\n";
+    out << "[calibration]\n";
+    out << "device = " << core::toml_quote(cal.device) << "\n";
+    out << fmt::format("gemm_eff = {:.6g}\n", cal.gemm_eff);
+    out << fmt::format("mem_eff = {:.6g}\n", cal.mem_eff);
+    out << fmt::format("gemm_knee = {:.6g}\n", cal.gemm_knee);
+    out << fmt::format("intra_bw_gbs = {:.6g}\n", cal.intra_bw / 1e9);
+    out << fmt::format("intra_latency_us = {:.6g}\n", cal.intra_latency * 1e6);
+    out << fmt::format("runs = {}\n", cal.runs);
+    out << fmt::format("rms_rel_err_before = {:.6g}\n", cal.rms_rel_err_before);
+    out << fmt::format("rms_rel_err = {:.6g}\n\n", cal.rms_rel_err_after);
+    for (const auto& r : cal.rows) {
+        out << "[[calibration.run]]\n";
+        out << "dir = " << core::toml_quote(r.dir) << "\n";
+        out << "layout = " << core::toml_quote(r.layout) << "\n";
+        out << fmt::format("world_size = {}\nmeasured_s = {:.6g}\n", r.world_size, r.measured_s);
+        out << fmt::format("predicted_before_s = {:.6g}\npredicted_s = {:.6g}\n\n", r.before_s,
+                           r.after_s);
+    }
+    if (!out) throw IoError(fmt::format("calibrate: error writing '{}'", path));
+}
+
+void apply_calibration(const Calibration& cal, Cluster& c) {
+    if (cal.device != c.dev.name) {
+        throw ConfigError(fmt::format(
+            "plan.calibration is for device '{}' but cluster.device is '{}': calibrate on "
+            "runs of this device or drop the calibration",
+            cal.device, c.dev.name));
+    }
+    if (cal.gemm_eff > 0) c.dev.gemm_eff = cal.gemm_eff;
+    if (cal.mem_eff > 0) c.dev.mem_eff = cal.mem_eff;
+    if (cal.gemm_knee > 0) c.dev.gemm_knee = cal.gemm_knee;
+    // The fitted link is what MPI sustains: efficiency folded into bw.
+    if (cal.intra_bw > 0) c.intra.bw = cal.intra_bw, c.intra.efficiency = 1;
+    if (cal.intra_latency > 0) c.intra.latency = cal.intra_latency;
+}
+
+double median_step_time(const std::string& path, int* steps, long long* world_size) {
+    std::ifstream in(path);
+    if (!in) throw IoError(fmt::format("calibrate: cannot read '{}'", path));
+    std::vector<double> times;
+    std::string line;
+    int n = 0;
+    while (std::getline(in, line)) {
+        ++n;
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        nlohmann::json j;
+        try {
+            j = nlohmann::json::parse(line);
+        } catch (const nlohmann::json::parse_error& e) {
+            throw DataError(fmt::format("{}:{}: not a JSON object ({})", path, n, e.what()));
+        }
+        if (!j.is_object() || !j.contains("step_time_s")) continue;  // eval lines
+        if (!j["step_time_s"].is_number() || j["step_time_s"].get<double>() <= 0) {
+            throw DataError(fmt::format("{}:{}: step_time_s must be a positive number", path, n));
+        }
+        times.push_back(j["step_time_s"].get<double>());
+        if (j.contains("world_size") && j["world_size"].is_number_integer()) {
+            *world_size = j["world_size"].get<long long>();
+        }
+    }
+    if (times.empty()) {
+        throw DataError(
+            fmt::format("{}: no step lines with step_time_s; is this a training "
+                        "run's metrics.jsonl?",
+                        path));
+    }
+    // The first steps pay for page faults, thread start-up and caches.
+    const size_t skip = times.size() >= 3 ? std::max<size_t>(1, times.size() / 10) : 0;
+    std::vector<double> rest(times.begin() + long(skip), times.end());
+    std::sort(rest.begin(), rest.end());
+    *steps = int(rest.size());
+    const size_t h = rest.size() / 2;
+    return rest.size() % 2 ? rest[h] : 0.5 * (rest[h - 1] + rest[h]);
+}
+
+namespace {
+
+void set_from_toml(core::Config& cfg, const core::Schema& schema, const toml::table& t,
+                   const std::string& prefix, const std::string& source) {
+    for (const auto& [k, node] : t) {
+        const std::string key =
+            prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+        if (const auto* sub = node.as_table()) {
+            set_from_toml(cfg, schema, *sub, key, source);
+            continue;
+        }
+        const core::KeySpec* spec = schema.find(key);
+        if (!spec) continue;  // a trainer key the planner does not use
+        core::Value v;
+        if (spec->type == core::ValueType::integer && node.is_integer()) {
+            v = int64_t(*node.value<int64_t>());
+        } else if (spec->type == core::ValueType::real &&
+                   (node.is_floating_point() || node.is_integer())) {
+            v = *node.value<double>();
+        } else if (spec->type == core::ValueType::boolean && node.is_boolean()) {
+            v = *node.value<bool>();
+        } else if (spec->type == core::ValueType::string && node.is_string()) {
+            v = *node.value<std::string>();
+        } else {
+            throw ConfigError(fmt::format("{}: {} has the wrong type", source, key));
+        }
+        cfg.set_value(key, v, source);
+    }
+}
+
+}  // namespace
+
+RunRecord read_run(const std::string& dir, const core::Schema& schema, const std::string& device) {
+    namespace fs = std::filesystem;
+    RunRecord r;
+    r.dir = dir;
+    const std::string cfg_path = (fs::path(dir) / "config.toml").string();
+    if (!fs::exists(cfg_path)) {
+        throw IoError(
+            fmt::format("calibrate: {} has no config.toml; give run directories "
+                        "written by `apiary train`",
+                        dir));
+    }
+    core::Config cfg(schema);
+    try {
+        set_from_toml(cfg, schema, toml::parse_file(cfg_path), "", cfg_path);
+    } catch (const toml::parse_error& e) {
+        throw IoError(
+            fmt::format("calibrate: cannot parse {}: {}", cfg_path, std::string(e.description())));
+    }
+    r.step_time_s =
+        median_step_time((fs::path(dir) / "metrics.jsonl").string(), &r.steps, &r.world_size);
+    if (!device.empty()) cfg.set_value("cluster.device", device, "--device");
+    cfg.set_value("cluster.gpus", int64_t(r.world_size), "metrics.jsonl world_size");
+    cfg.set_value("plan.calibration", std::string(), "calibrate");
+    r.in = plan_input(cfg);
+    return r;
+}
+
+namespace {
+
+struct Param {
+    const char* name;
+    double lo, hi;  // bounds, searched in log space
+    double* value;
+};
+
+double objective(const std::vector<RunRecord>& runs, const Calibration& cal,
+                 std::vector<double>* preds) {
+    double sum = 0;
+    for (size_t i = 0; i < runs.size(); ++i) {
+        Cluster c = runs[i].in.c;
+        apply_calibration(cal, c);
+        const double pred = step_time(runs[i].in.w, runs[i].in.l, c).total;
+        if (preds) (*preds)[i] = pred;
+        const double e = std::log(pred / runs[i].step_time_s);
+        sum += e * e;
+    }
+    return sum;
+}
+
+double rms_rel(const std::vector<RunRecord>& runs, const std::vector<double>& preds) {
+    double s = 0;
+    for (size_t i = 0; i < runs.size(); ++i) {
+        const double e = preds[i] / runs[i].step_time_s - 1;
+        s += e * e;
+    }
+    return std::sqrt(s / double(runs.size()));
+}
+
+}  // namespace
+
+Calibration calibrate(const std::vector<RunRecord>& runs) {
+    if (runs.empty()) throw ConfigError("calibrate: give at least one run directory");
+    Calibration cal;
+    cal.device = runs[0].in.c.dev.name;
+    for (const auto& r : runs) {
+        if (r.in.c.dev.name != cal.device) {
+            throw ConfigError(
+                fmt::format("calibrate: {} ran on '{}' but {} on '{}': calibrate "
+                            "one device at a time (or pass --device)",
+                            runs[0].dir, cal.device, r.dir, r.in.c.dev.name));
+        }
+    }
+    cal.runs = int(runs.size());
+    std::vector<double> before(runs.size()), after(runs.size());
+    objective(runs, cal, &before);  // catalog constants: nothing applied yet
+    cal.rms_rel_err_before = rms_rel(runs, before);
+
+    // What the runs can pin down: compute always; memory-bound work with
+    // three or more runs; the link between ranks with multi-rank runs, its
+    // latency only with two or more distinct multi-rank shapes.
+    const Cluster& c0 = runs[0].in.c;
+    cal.gemm_eff = c0.dev.gemm_eff;
+    std::vector<Param> params{{"gemm_eff", 1e-3, 1.0, &cal.gemm_eff}};
+    if (runs.size() >= 3) {
+        cal.mem_eff = c0.dev.mem_eff;
+        params.push_back({"mem_eff", 1e-3, 1.0, &cal.mem_eff});
+    }
+    std::set<std::string> shapes;
+    for (const auto& r : runs) {
+        shapes.insert(fmt::format("{} {} {} {}", r.in.w.model.n_embd, r.in.w.seq_len,
+                                  r.in.l.micro_batch, r.in.l.devices()));
+    }
+    if (shapes.size() >= 4) {  // matrix sizes vary enough to see the knee
+        cal.gemm_knee = c0.dev.gemm_knee;
+        params.push_back({"gemm_knee", 1.0, 4096.0, &cal.gemm_knee});
+    }
+    std::set<std::string> multi;
+    for (const auto& r : runs) {
+        if (r.in.l.devices() > 1) multi.insert(layout_string(r.in.l));
+    }
+    if (!multi.empty()) {
+        cal.intra_bw = c0.intra.bw * c0.intra.efficiency;
+        params.push_back({"intra_bw", 1e7, 1e12, &cal.intra_bw});
+    }
+    if (multi.size() >= 2) {
+        cal.intra_latency = c0.intra.latency;
+        params.push_back({"intra_latency", 1e-8, 1e-1, &cal.intra_latency});
+    }
+    // Coordinate descent, golden-section search in log space per parameter:
+    // few parameters, a smooth objective, and no library worth a dependency.
+    const double g = (std::sqrt(5.0) - 1) / 2;
+    for (int sweep = 0; sweep < 6; ++sweep) {
+        for (auto& p : params) {
+            double a = std::log(p.lo), b = std::log(p.hi);
+            auto f = [&](double x) {
+                *p.value = std::exp(x);
+                return objective(runs, cal, nullptr);
+            };
+            double x1 = b - g * (b - a), x2 = a + g * (b - a);
+            double f1 = f(x1), f2 = f(x2);
+            for (int it = 0; it < 60; ++it) {
+                if (f1 < f2) {
+                    b = x2, x2 = x1, f2 = f1, x1 = b - g * (b - a), f1 = f(x1);
+                } else {
+                    a = x1, x1 = x2, f1 = f2, x2 = a + g * (b - a), f2 = f(x2);
+                }
+            }
+            *p.value = std::exp(0.5 * (a + b));
+        }
+    }
+    objective(runs, cal, &after);
+    cal.rms_rel_err_after = rms_rel(runs, after);
+    for (size_t i = 0; i < runs.size(); ++i) {
+        cal.rows.push_back({runs[i].dir, layout_string(runs[i].in.l), runs[i].world_size,
+                            runs[i].step_time_s, before[i], after[i]});
+    }
+    return cal;
+}
+
+}  // namespace apiary::plan

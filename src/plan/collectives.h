@@ -1,0 +1,37 @@
+#pragma once
+// Alpha-beta cost of collectives (Hockney 1994; Thakur, Rabenseifner & Gropp
+// 2005; NCCL's double binary trees, Sanders et al. 2009) on the tier of the
+// cluster a process group crosses.
+
+#include "plan/types.h"
+
+namespace apiary::plan {
+
+// Closed forms. bytes: the full buffer; bw: bytes/s per rank per direction;
+// alpha: seconds per step.
+double ring_all_reduce_s(long long n, double bytes, double bw, double alpha);
+double ring_reduce_scatter_s(long long n, double bytes, double bw, double alpha);
+double tree_all_reduce_s(long long n, double bytes, double bw, double alpha);
+
+// A process group: `size` ranks, consecutive members `stride` ranks apart in
+// the global rank order (axis order tp, pp, dp: tp groups have stride 1,
+// pp stride tp, dp stride tp * pp). Ranks fill nodes in order.
+struct Group {
+    long long size = 1;
+    long long stride = 1;
+};
+
+struct Path {                // how a group maps onto the cluster
+    long long per_node = 1;  // members sharing a node
+    long long nodes = 1;     // nodes the group spans
+    double intra_bw = 0, intra_alpha = 0;
+    double inter_bw = 0, inter_alpha = 0;  // per member NIC, after the tier's taper
+    std::string tier;                      // "node" when it stays inside one
+};
+Path group_path(const Cluster& c, Group g);
+
+double all_reduce_s(const Cluster& c, Group g, double bytes);
+double reduce_scatter_s(const Cluster& c, Group g, double bytes);  // = all-gather
+double p2p_s(const Cluster& c, long long stride, double bytes);
+
+}  // namespace apiary::plan

@@ -1,0 +1,45 @@
+#pragma once
+// Memory per device: model states (Rajbhandari et al. 2020, ZeRO), activations
+// (Korthikanti et al. 2022, Table 2) and communication buffers.
+
+#include "plan/types.h"
+
+namespace apiary::plan {
+
+// Bytes per parameter of the weights, gradients and optimizer state. Mixed
+// precision (bf16, fp16, fp8): 2 + 2 + 12 (fp32 master, Adam m and v), the K = 12
+// of the ZeRO paper; fp32: 4 + 4 + 8.
+struct StateBytes {
+    double weight, grad, optimizer;
+};
+StateBytes state_bytes(Dtype dtype);
+
+// Bytes of one element of a stored activation.
+double act_bytes(Dtype dtype);
+
+// Parameters of one transformer block, and of everything outside the blocks.
+double layer_params(const core::ModelSpec& m);
+double embed_params(const core::ModelSpec& m);  // token (+ position) embeddings
+double head_params(const core::ModelSpec& m);   // LM head + final norm, untied
+
+// Model-state bytes per device for a model of `params` on `dp` ranks at a
+// ZeRO stage, exactly as the ZeRO paper's closed forms (no tp/pp).
+double zero_model_state_bytes(double params, long long dp, int stage, Dtype dtype);
+
+// Activation bytes of one block for one micro-batch on one device
+// (Korthikanti et al. 2022, Table 2), scaled for fp32.
+double layer_activation_bytes(const core::ModelSpec& m, int seq_len, int micro_batch, int tp,
+                              bool sp, Recompute r, Dtype dtype);
+
+// Blocks on the fullest pipeline stage: ceil(L / pp). Megatron-LM needs pp to
+// divide L; other frameworks (DeepSpeed, Llama 3's) balance uneven stages,
+// e.g. 126 layers on 16 stages, so an uneven split is allowed and costed by
+// its fullest stage.
+double stage_layers(const core::ModelSpec& m, const Layout& l);
+
+// Parameters held by one device on the fullest pipeline stage.
+double stage_params_per_device(const core::ModelSpec& m, const Layout& l);
+
+Memory memory_per_device(const Workload& w, const Layout& l, const Cluster& c);
+
+}  // namespace apiary::plan

@@ -1,0 +1,304 @@
+#include "plan/planner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "plan/calibrate.h"
+#include "plan/memory.h"
+#include "plan/step_time.h"
+#include "plan/totals.h"
+
+namespace apiary::plan {
+
+namespace {
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+}
+
+const char* recompute_name(Recompute r) {
+    return r == Recompute::none ? "none" : r == Recompute::selective ? "selective" : "full";
+}
+Recompute parse_recompute(const std::string& s) {
+    if (s == "none") return Recompute::none;
+    if (s == "selective") return Recompute::selective;
+    if (s == "full") return Recompute::full;
+    throw ConfigError(
+        fmt::format("parallel.recompute: unknown value '{}' (known: none, selective, full)", s));
+}
+const char* schedule_name(Schedule s) {
+    return s == Schedule::gpipe ? "gpipe" : s == Schedule::one_f_one_b ? "1f1b" : "interleaved";
+}
+Schedule parse_schedule(const std::string& s) {
+    if (s == "gpipe") return Schedule::gpipe;
+    if (s == "1f1b") return Schedule::one_f_one_b;
+    if (s == "interleaved") return Schedule::interleaved;
+    throw ConfigError(
+        fmt::format("parallel.schedule: unknown value '{}' (known: gpipe, 1f1b, interleaved)", s));
+}
+const char* algo_name(Algo a) {
+    switch (a) {
+        case Algo::automatic:
+            return "auto";
+        case Algo::ring:
+            return "ring";
+        case Algo::tree:
+            return "tree";
+        case Algo::hierarchical:
+            return "hierarchical";
+    }
+    return "?";
+}
+Algo parse_algo(const std::string& s) {
+    for (Algo a : {Algo::automatic, Algo::ring, Algo::tree, Algo::hierarchical}) {
+        if (s == algo_name(a)) return a;
+    }
+    throw ConfigError(fmt::format(
+        "cluster.collective: unknown value '{}' (known: auto, ring, tree, hierarchical)", s));
+}
+
+void add_keys(core::Schema& s) {
+    s.add_string("cluster.device", "epyc-zen5-2c",
+                 "accelerator from the catalog (`apiary plan devices` lists them)");
+    s.add_int("cluster.gpus", 0, "devices in the cluster (0: parallel.tp * pp * dp, or 1)", 0, 1e8);
+    s.add_int("cluster.gpus_per_node", 0, "devices per node (0: the device's usual node)", 0, 1e5);
+    s.add_string("cluster.intra_link", "", "link inside a node (empty: the device's)");
+    s.add_string("cluster.inter_link", "", "per-device link between nodes (empty: the device's)");
+    s.add_string("cluster.topology", "",
+                 "network above the node: fat-tree, fat-tree-2to1, rail-optimized, dragonfly+, "
+                 "dcn (empty: the device's)");
+    s.add_string("cluster.collective", "auto", "all-reduce algorithm",
+                 {"auto", "ring", "tree", "hierarchical"});
+    s.add_real("cluster.peak_tflops", 0, "override the dense peak at train.precision (0: catalog)",
+               0, 1e7);
+    s.add_real("cluster.mem_gib", 0, "override device memory in GiB (0: catalog)", 0, 1e6);
+    s.add_real("cluster.mem_bw_gbs", 0, "override memory bandwidth in GB/s (0: catalog)", 0, 1e6);
+    s.add_real("cluster.gemm_eff", 0,
+               "override the achievable fraction of peak for large GEMMs (0: catalog)", 0, 1);
+    s.add_real("cluster.dp_overlap", -1,
+               "fraction of a micro-batch's backward that can hide DP communication "
+               "(-1: the device's: 1 for GPUs, 0 for CPU ranks)",
+               -1, 1);
+    s.add_int("cluster.zero3_gathers_per_block", 1,
+              "ZeRO-3 all-gathers per block: 1 for FSDP-style flat parameters, about the "
+              "number of weight tensors (12 for GPT) for per-parameter gathers",
+              1, 1000);
+    s.add_real("cluster.price_per_hour", 0, "USD per device-hour on demand (0: catalog)", 0, 1e6);
+    s.add_real("cluster.spot_price_per_hour", 0, "USD per device-hour on spot (0: catalog)", 0,
+               1e6);
+    s.add_bool("cluster.spot", false, "run on spot / preemptible capacity");
+    s.add_real("cluster.spot_preemptions_per_node_hour", 0.002,
+               "spot preemptions per node-hour (each restarts the job)", 0, 10);
+    s.add_real("cluster.mtbf_node_hours", 6000,
+               "mean time between failures of one node, hours (Llama 3: ~6,000)", 1e-3, 1e9);
+    s.add_real("cluster.checkpoint_s", 0, "time to write a checkpoint (0: size / checkpoint_gbs)",
+               0, 1e6);
+    s.add_real("cluster.checkpoint_gbs", 2.0, "checkpoint write bandwidth per device, GB/s", 1e-3,
+               1e4);
+    s.add_real("cluster.restart_s", 600, "time to restart after a failure or preemption", 0, 1e6);
+    s.add_real("cluster.pue", 1.1, "data-centre power usage effectiveness", 1, 5);
+    s.add_real("cluster.idle_frac", 0.3, "device power when idle, as a fraction of TDP", 0, 1);
+    s.add_real("cluster.network_w_per_device", 30, "switch and NIC power per device, W", 0, 1e4);
+    s.add_real("cluster.host_w_per_node", -1,
+               "CPU, memory and fan power per node, W (-1: the device's node)", -1, 1e6);
+    s.add_real("cluster.gco2_per_kwh", 400, "grid carbon intensity, gCO2e/kWh", 0, 5000);
+    s.add_string("cluster.carbon_profile", "",
+                 "file of hourly gCO2e/kWh values, one per line (repeats); empty: constant");
+    s.add_real("cluster.start_hour", 0, "hour of the carbon profile at which the run starts", 0,
+               1e6);
+    s.add_real("plan.tokens", 0, "tokens to train on, for time-to-train and totals", 0, 1e18);
+    s.add_int("plan.global_batch", 0,
+              "sequences per optimizer step (0: train.batch_size * train.grad_accum * dp)", 0, 1e9);
+    s.add_int("plan.virtual_stages", 2, "model chunks per stage for the interleaved schedule", 1,
+              64);
+    s.add_string("plan.calibration", "", "calibration file from `apiary plan calibrate`");
+}
+
+Cluster cluster_from(const core::Config& cfg, long long devices) {
+    Cluster c;
+    c.dev = device(cfg.get_string("cluster.device"));
+    Device& d = c.dev;
+    auto pick = [&](const char* key, const std::string& def) {
+        const auto& v = cfg.get_string(key);
+        return v.empty() ? def : v;
+    };
+    c.intra = link(pick("cluster.intra_link", d.intra_link));
+    c.inter = link(pick("cluster.inter_link", d.inter_link));
+    c.topo = topology(pick("cluster.topology", d.topology));
+    // Measured constants first, then explicit overrides win over both.
+    if (const auto& f = cfg.get_string("plan.calibration"); !f.empty()) {
+        apply_calibration(read_calibration(f), c);
+    }
+    if (auto v = cfg.get_int("cluster.gpus_per_node"); v > 0) d.devices_per_node = int(v);
+    if (auto v = cfg.get_real("cluster.mem_gib"); v > 0) d.mem_bytes = v * kGiB;
+    if (auto v = cfg.get_real("cluster.mem_bw_gbs"); v > 0) d.mem_bw = v * 1e9;
+    if (auto v = cfg.get_real("cluster.gemm_eff"); v > 0) d.gemm_eff = v;
+    if (auto v = cfg.get_real("cluster.host_w_per_node"); v >= 0) d.host_w_per_node = v;
+    if (auto v = cfg.get_real("cluster.peak_tflops"); v > 0) {
+        d.peak_fp32 = d.peak_tf32 = d.peak_bf16 = d.peak_fp16 = d.peak_fp8 = v * 1e12;
+    }
+    c.n = devices;
+    c.algo = parse_algo(cfg.get_string("cluster.collective"));
+    c.dp_overlap = cfg.get_real("cluster.dp_overlap");
+    if (c.dp_overlap < 0) c.dp_overlap = d.dp_overlap;
+    c.zero3_gathers = int(cfg.get_int("cluster.zero3_gathers_per_block"));
+    c.pue = cfg.get_real("cluster.pue");
+    c.idle_frac = cfg.get_real("cluster.idle_frac");
+    c.network_w_per_device = cfg.get_real("cluster.network_w_per_device");
+    c.gco2_per_kwh = cfg.get_real("cluster.gco2_per_kwh");
+    c.start_hour = cfg.get_real("cluster.start_hour");
+    if (const auto& f = cfg.get_string("cluster.carbon_profile"); !f.empty()) {
+        std::ifstream in(f);
+        if (!in) {
+            throw IoError(fmt::format("cluster.carbon_profile: cannot read '{}'", f));
+        }
+        std::string line;
+        int n = 0;
+        while (std::getline(in, line)) {
+            ++n;
+            if (line.empty() || line[0] == '#') continue;
+            try {
+                c.gco2_profile.push_back(std::stod(line));
+            } catch (const std::exception&) {
+                throw ConfigError(fmt::format(
+                    "cluster.carbon_profile {}:{}: '{}' is not a number of gCO2e/kWh", f, n, line));
+            }
+        }
+        if (c.gco2_profile.empty()) {
+            throw ConfigError(fmt::format("cluster.carbon_profile {}: no hourly values", f));
+        }
+    }
+    c.price_hour = cfg.get_real("cluster.price_per_hour");
+    if (c.price_hour <= 0) c.price_hour = d.price_hour;
+    c.spot_price_hour = cfg.get_real("cluster.spot_price_per_hour");
+    if (c.spot_price_hour <= 0) c.spot_price_hour = d.spot_price_hour;
+    c.spot = cfg.get_bool("cluster.spot");
+    c.spot_preempt_per_node_hour = cfg.get_real("cluster.spot_preemptions_per_node_hour");
+    c.mtbf_node_hours = cfg.get_real("cluster.mtbf_node_hours");
+    c.ckpt_write_s = cfg.get_real("cluster.checkpoint_s");
+    c.ckpt_bw = cfg.get_real("cluster.checkpoint_gbs") * 1e9;
+    c.restart_s = cfg.get_real("cluster.restart_s");
+    return c;
+}
+
+std::string layout_problem(const Workload& w, const Layout& l) {
+    const auto& m = w.model;
+    if (m.n_head % l.tp != 0) {
+        return fmt::format("parallel.tp = {} does not divide model.n_head = {}", l.tp, m.n_head);
+    }
+    if (l.tp > m.n_kv_head ? l.tp % m.n_kv_head != 0 : m.n_kv_head % l.tp != 0) {
+        return fmt::format("parallel.tp = {} and model.n_kv_head = {}: one must divide the other",
+                           l.tp, m.n_kv_head);
+    }
+    if (m.ffn_dim() % l.tp != 0) {
+        return fmt::format("parallel.tp = {} does not divide the MLP width {}", l.tp, m.ffn_dim());
+    }
+    const int chunks = l.schedule == Schedule::interleaved ? l.vpp : 1;
+    // Uneven stages are allowed (the fullest one is costed); interleaving
+    // needs whole layers per chunk.
+    if (l.pp > m.n_layer || (chunks > 1 && m.n_layer % (l.pp * chunks) != 0)) {
+        return fmt::format("parallel.pp = {}{} does not divide model.n_layer = {}{}", l.pp,
+                           chunks > 1 ? fmt::format(" x {} virtual stages", chunks) : "", m.n_layer,
+                           chunks > 1 ? "" : " (more stages than layers)");
+    }
+    if (w.global_batch % (l.dp * l.micro_batch) != 0) {
+        return fmt::format(
+            "global batch {} is not divisible by dp {} x micro-batch {} (train.batch_size)",
+            w.global_batch, l.dp, l.micro_batch);
+    }
+    const long long n_micro = w.global_batch / (l.dp * l.micro_batch);
+    if (chunks > 1 && n_micro % l.pp != 0) {
+        return fmt::format(
+            "parallel.schedule = interleaved needs the {} micro-batches per step to be a "
+            "multiple of parallel.pp = {} (Megatron-LM's rule)",
+            n_micro, l.pp);
+    }
+    return "";
+}
+
+PlanInput plan_input(const core::Config& cfg) { return resolve_input(cfg, true); }
+
+PlanInput search_input(const core::Config& cfg) { return resolve_input(cfg, false); }
+
+PlanInput resolve_input(const core::Config& cfg, bool check_layout) {
+    PlanInput in;
+    Workload& w = in.w;
+    Layout& l = in.l;
+    w.model = core::model_spec_from(cfg);
+    w.seq_len = int(cfg.get_int("train.seq_len"));
+    w.dtype = parse_dtype(cfg.get_string("train.precision"));
+    w.tokens = cfg.get_real("plan.tokens");
+    l.tp = int(cfg.get_int("parallel.tp"));
+    l.pp = int(cfg.get_int("parallel.pp"));
+    l.zero = int(cfg.get_int("parallel.zero_stage"));
+    l.recompute = parse_recompute(cfg.get_string("parallel.recompute"));
+    l.sp = cfg.get_bool("parallel.sequence_parallel") && l.tp > 1;
+    l.schedule = parse_schedule(cfg.get_string("parallel.schedule"));
+    l.vpp = l.schedule == Schedule::interleaved ? int(cfg.get_int("plan.virtual_stages")) : 1;
+    l.micro_batch = int(cfg.get_int("train.batch_size"));
+    const long long model_par = (long long)l.tp * l.pp;
+    long long n = cfg.get_int("cluster.gpus");
+    long long dp = cfg.get_int("parallel.dp");
+    if (n == 0) n = model_par * std::max<long long>(1, dp);
+    if (!check_layout) {
+        // Search varies the layout: keep only the device count and batch.
+        if (dp == 0 || dp * model_par != n) dp = std::max<long long>(1, n / model_par);
+    } else if (dp == 0) {
+        if (n % model_par != 0) {
+            throw ConfigError(fmt::format(
+                "cluster.gpus = {} is not divisible by parallel.tp x parallel.pp = {} x {}: "
+                "choose tp and pp whose product divides the device count",
+                n, l.tp, l.pp));
+        }
+        dp = n / model_par;
+    } else if (dp * model_par != n) {
+        throw ConfigError(fmt::format(
+            "parallel.tp x parallel.pp x parallel.dp = {} x {} x {} = {} but cluster.gpus = {}",
+            l.tp, l.pp, dp, dp * model_par, n));
+    }
+    l.dp = dp;
+    const long long gb = cfg.get_int("plan.global_batch");
+    w.global_batch = gb > 0 ? gb : l.micro_batch * cfg.get_int("train.grad_accum") * dp;
+    in.c = cluster_from(cfg, n);
+    if (!check_layout) return in;
+    if (auto p = layout_problem(w, l); !p.empty()) throw ConfigError(p);
+    l.n_micro = w.global_batch / (l.dp * l.micro_batch);
+    if (auto mb = cfg.get_int("parallel.microbatches"); mb > 0 && mb != l.n_micro) {
+        throw ConfigError(fmt::format(
+            "parallel.microbatches = {} but global batch {} / (dp {} x micro-batch {}) = {}", mb,
+            w.global_batch, l.dp, l.micro_batch, l.n_micro));
+    }
+    if (l.zero > 0 && l.dp == 1) l.zero = 0;  // nothing to shard over
+    return in;
+}
+
+Plan evaluate(const Workload& w, const Layout& l, const Cluster& c) {
+    Plan p;
+    p.w = w;
+    p.l = l;
+    p.mem = memory_per_device(w, l, c);
+    p.st = step_time(w, l, c);
+    p.tot = run_totals(w, l, c, p.st, p.mem);
+    p.fits = p.mem.fits();
+    if (!p.fits) {
+        p.why = fmt::format(
+            "needs {:.1f} GiB per device (params {:.1f}, grads {:.1f}, optimizer {:.1f}, "
+            "activations {:.1f}, buffers {:.1f}) but {} has {:.1f} GiB",
+            p.mem.total() / kGiB, p.mem.params / kGiB, p.mem.grads / kGiB, p.mem.optimizer / kGiB,
+            p.mem.activations / kGiB, p.mem.buffers / kGiB, c.dev.name, p.mem.capacity / kGiB);
+    }
+    return p;
+}
+
+std::string layout_string(const Layout& l) {
+    std::string s =
+        fmt::format("tp={} pp={} dp={} zero={} mb={} recompute={} {}", l.tp, l.pp, l.dp, l.zero,
+                    l.micro_batch, recompute_name(l.recompute), schedule_name(l.schedule));
+    if (l.schedule == Schedule::interleaved) s += fmt::format("x{}", l.vpp);
+    if (l.sp) s += " sp";
+    return s;
+}
+
+}  // namespace apiary::plan

@@ -1,0 +1,166 @@
+#include "plan/search.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "plan/memory.h"
+#include "plan/step_time.h"
+#include "plan/totals.h"
+
+namespace apiary::plan {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+
+struct Scored {
+    double key;
+    Layout l;
+    long long n;
+};
+
+std::vector<int> pow2_divisors(long long n, int cap) {
+    std::vector<int> v;
+    for (long long d = 1; d <= n && d <= cap; d *= 2) {
+        if (n % d == 0) v.push_back(int(d));
+    }
+    return v;
+}
+
+// Names the rule a layout broke, not its numbers, so that drops group.
+const char* reason_of(const std::string& why) {
+    if (why.rfind("parallel.tp", 0) == 0) return "tp does not divide heads / MLP";
+    if (why.rfind("parallel.pp", 0) == 0) return "pp (x virtual stages) does not divide layers";
+    if (why.rfind("parallel.schedule", 0) == 0) {
+        return "interleaved needs micro-batches divisible by pp";
+    }
+    return "global batch not divisible by dp x micro-batch";
+}
+
+std::vector<int> divisors(int n) {
+    std::vector<int> v;
+    for (int d = 1; d <= n; ++d) {
+        if (n % d == 0) v.push_back(d);
+    }
+    return v;
+}
+
+}  // namespace
+
+SearchResult search(const Workload& w, const Cluster& cluster, const SearchOptions& opt) {
+    const auto t0 = std::chrono::steady_clock::now();
+    SearchResult r;
+    r.min_bytes = INFINITY;
+    std::vector<Scored> kept;
+    auto drop = [&](const std::string& reason, const Layout& l) {
+        ++r.dropped[reason];
+        if (!r.example.count(reason)) r.example[reason] = layout_string(l);
+    };
+    std::vector<long long> counts{cluster.n};
+    if (opt.vary_devices) {
+        for (long long n = cluster.n / 2; n >= 1 && n % 2 == 0; n /= 2) counts.push_back(n);
+        if (cluster.n % 2 == 0) counts.push_back(1);
+        std::sort(counts.begin(), counts.end());
+        counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
+    }
+    const auto& m = w.model;
+    const std::vector<int> pps = divisors(m.n_layer);
+    for (long long n : counts) {
+        Cluster c = cluster;
+        c.n = n;
+        for (int tp : pow2_divisors(n, m.n_head)) {
+            for (int pp : pps) {
+                if (n % ((long long)tp * pp) != 0) continue;  // not a layout of n devices
+                const long long dp = n / ((long long)tp * pp);
+                for (int mb : opt.micro_batches) {
+                    std::vector<std::pair<Schedule, int>> scheds{{Schedule::one_f_one_b, 1}};
+                    if (pp > 1) {
+                        scheds.push_back({Schedule::gpipe, 1});
+                        for (int v : opt.virtual_stages)
+                            scheds.push_back({Schedule::interleaved, v});
+                    }
+                    for (auto [sched, vpp] : scheds) {
+                        for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
+                            for (Recompute rc :
+                                 {Recompute::none, Recompute::selective, Recompute::full}) {
+                                for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
+                                    Layout l;
+                                    l.tp = tp, l.pp = pp, l.dp = dp, l.zero = zero;
+                                    l.recompute = rc, l.sp = sp, l.micro_batch = mb;
+                                    l.schedule = sched, l.vpp = vpp;
+                                    ++r.candidates;
+                                    if (auto why = layout_problem(w, l); !why.empty()) {
+                                        // Name the rule, not the numbers, so reasons group.
+                                        drop(reason_of(why), l);
+                                        continue;
+                                    }
+                                    l.n_micro = w.global_batch / (l.dp * l.micro_batch);
+                                    const Memory mem = memory_per_device(w, l, c);
+                                    if (mem.total() < r.min_bytes) {
+                                        r.min_bytes = mem.total(), r.min_layout = l;
+                                        r.min_memory = mem;
+                                    }
+                                    if (!mem.fits()) {
+                                        drop("out of memory", l);
+                                        continue;
+                                    }
+                                    ++r.fitting;
+                                    const StepTime st = step_time(w, l, c);
+                                    double key = st.total;
+                                    if (opt.by_cost) {
+                                        // Cost for the whole run, or for one step if no tokens.
+                                        const Totals t = run_totals(w, l, c, st, mem);
+                                        key = w.tokens > 0 ? t.cost_usd
+                                                           : st.total * double(n) * c.price_hour;
+                                    }
+                                    kept.push_back({key, l, n});
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    const size_t k = std::min<size_t>(kept.size(), size_t(std::max(0, opt.top)));
+    std::partial_sort(kept.begin(), kept.begin() + long(k), kept.end(),
+                      [](const Scored& a, const Scored& b) { return a.key < b.key; });
+    for (size_t i = 0; i < k; ++i) {
+        Cluster c = cluster;
+        c.n = kept[i].n;
+        r.best.push_back(evaluate(w, kept[i].l, c));
+        r.best_devices.push_back(kept[i].n);
+    }
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+}
+
+std::string fits_nowhere(const Workload& w, const Cluster& c, const SearchResult& r) {
+    const Memory& m = r.min_memory;
+    std::string s = fmt::format(
+        "{:.4g}B parameters fit no layout on {} x {}: the leanest ({}) needs {:.1f} GiB per "
+        "device (model states {:.1f}, activations {:.1f}, buffers {:.1f}) of {:.1f} GiB",
+        double(w.model.num_params()) / 1e9, c.n, c.dev.name, layout_string(r.min_layout),
+        m.total() / kGiB, (m.params + m.grads + m.optimizer) / kGiB, m.activations / kGiB,
+        m.buffers / kGiB, m.capacity / kGiB);
+    // With ZeRO-3 and full recomputation, model states shrink as 1/devices.
+    const double states = m.params + m.grads + m.optimizer;
+    const double room = m.capacity - m.activations - m.buffers;
+    if (room > 0 && states > 0) {
+        const double need = std::ceil(double(c.n) * states / room);
+        long long p2 = 1;
+        while (double(p2) < need) p2 *= 2;
+        s += fmt::format("; about {} devices (next power of two: {}) would hold it", need, p2);
+    } else {
+        s += fmt::format(
+            "; activations and buffers alone exceed the device: use devices with "
+            "more than {:.1f} GiB, or shorten train.seq_len",
+            (m.activations + m.buffers) / kGiB);
+    }
+    return s;
+}
+
+}  // namespace apiary::plan

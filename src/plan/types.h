@@ -1,0 +1,119 @@
+#pragma once
+// What the planner reasons about: a model and batch (Workload), a parallel
+// layout (Layout) and a resolved cluster (Cluster), and what it predicts
+// (Memory, StepTime, Totals). Plain structs so that the search can evaluate
+// a hundred thousand layouts a second.
+
+#include <string>
+#include <vector>
+
+#include "core/model_spec.h"
+#include "plan/catalog.h"
+
+namespace apiary::plan {
+
+enum class Recompute { none, selective, full };
+enum class Schedule { gpipe, one_f_one_b, interleaved };
+enum class Algo { automatic, ring, tree, hierarchical };
+
+const char* recompute_name(Recompute r);
+Recompute parse_recompute(const std::string& s);
+const char* schedule_name(Schedule s);
+Schedule parse_schedule(const std::string& s);
+const char* algo_name(Algo a);
+Algo parse_algo(const std::string& s);
+
+struct Workload {
+    core::ModelSpec model;
+    int seq_len = 2048;          // T
+    Dtype dtype = Dtype::bf16;   // compute precision; bf16/fp16/fp8 train in mixed precision
+    long long global_batch = 1;  // sequences per optimizer step
+    double tokens = 0;           // tokens to train on (0: no run totals)
+};
+
+struct Layout {
+    int tp = 1;
+    int pp = 1;
+    long long dp = 1;
+    int zero = 0;  // ZeRO stage 0-3, sharded over dp
+    Recompute recompute = Recompute::none;
+    bool sp = false;        // sequence parallel (Korthikanti et al. 2022)
+    int micro_batch = 1;    // b, sequences per micro-batch
+    long long n_micro = 1;  // micro-batches per optimizer step per pipeline
+    Schedule schedule = Schedule::one_f_one_b;
+    int vpp = 1;  // model chunks per stage (interleaved schedule)
+    long long devices() const { return (long long)tp * pp * dp; }
+};
+
+struct Cluster {
+    Device dev;       // catalog entry with overrides and calibration applied
+    long long n = 1;  // devices
+    Link intra, inter;
+    Topology topo;
+    Algo algo = Algo::automatic;
+    double dp_overlap = 1.0;  // fraction of a backward pass that can hide DP comm
+    int zero3_gathers = 1;    // ZeRO-3 collectives per block per direction
+    // Energy and emissions.
+    double pue = 1.1;
+    double idle_frac = 0.3;  // device power at idle as a fraction of TDP
+    double network_w_per_device = 30;
+    double gco2_per_kwh = 400;
+    std::vector<double> gco2_profile;  // hourly, repeats; empty: the constant
+    double start_hour = 0;
+    // Cost and reliability.
+    double price_hour = 0, spot_price_hour = 0;
+    bool spot = false;
+    double spot_preempt_per_node_hour = 0.05;
+    double mtbf_node_hours = 50000;
+    double ckpt_write_s = 0;  // 0: checkpoint bytes / ckpt_bw
+    double ckpt_bw = 5e9;     // bytes/s per device to storage
+    double restart_s = 600;
+
+    long long nodes() const;
+    long long ranks_per_node() const;
+    // Per-rank share of compute and memory bandwidth (CPU ranks share cores).
+    double share() const;
+};
+
+struct Memory {  // bytes per device, on the fullest pipeline stage
+    double params = 0, grads = 0, optimizer = 0, activations = 0, buffers = 0;
+    double total() const { return params + grads + optimizer + activations + buffers; }
+    double capacity = 0;
+    bool fits() const { return total() <= capacity; }
+};
+
+struct StepTime {          // seconds per optimizer step
+    double compute = 0;    // forward + backward GEMMs and elementwise, all micro-batches
+    double recompute = 0;  // re-running forward for recomputation
+    double tp_comm = 0;
+    double pp_comm = 0;
+    double bubble = 0;      // pipeline fill and drain
+    double dp_comm = 0;     // total DP / ZeRO communication
+    double dp_exposed = 0;  // the part not hidden behind backward
+    double optimizer = 0;
+    double total = 0;
+    double bubble_fraction = 0;  // (p - 1) / (v m)
+    double model_flops = 0;      // per step, whole cluster
+    double hw_flops = 0;         // with recomputation
+    double tokens_per_s = 0;
+    double tflops_per_device = 0;  // model FLOPs
+    double mfu = 0, hfu = 0;
+};
+
+struct Totals {
+    double steps = 0;
+    double ideal_s = 0;          // steps x step time, no failures
+    double goodput = 1;          // useful fraction of wall time
+    double ckpt_interval_s = 0;  // Young/Daly
+    double wall_s = 0;
+    double gpu_hours = 0;
+    double cost_usd = 0;  // on demand, or spot if cluster.spot
+    double cost_on_demand_usd = 0, cost_spot_usd = 0, spot_wall_s = 0;
+    double power_kw = 0;  // whole cluster at the wall, PUE included
+    double energy_kwh = 0;
+    double co2e_t = 0;
+    double best_start_hour = 0;  // with an hourly profile
+    double best_co2e_t = 0;
+};
+
+}  // namespace apiary::plan

@@ -371,7 +371,7 @@ void add_shared_keys(Schema& s) {
 
     s.add_int("train.batch_size", 16, "micro-batch size B, sequences per rank per micro-step", 1,
               1 << 20);
-    s.add_int("train.seq_len", 256, "sequence length T of a training sample", 1, 1 << 22);
+    s.add_int("train.seq_len", 128, "sequence length T of a training sample", 1, 1 << 22);
     s.add_int("train.grad_accum", 1, "micro-steps accumulated into one optimizer step", 1,
               1 << 20);
     s.add_string("train.precision", "fp32", "compute precision: fp32, bf16 or fp16",

@@ -118,6 +118,11 @@ const std::map<std::string, ModelSpec>& presets() {
         t["gpt3-6.7b"] = gpt2(32, 4096, 32, 50257, 2048);
         t["gpt3-13b"] = gpt2(40, 5120, 40, 50257, 2048);
         t["gpt3-175b"] = gpt2(96, 12288, 96, 50257, 2048);
+        // Other published GPT-style runs, for the planner (positions are
+        // modelled as learned even where the original used ALiBi).
+        t["opt-175b"] = gpt2(96, 12288, 96, 50272, 2048);         // Zhang et al. 2022
+        t["bloom-176b"] = gpt2(70, 14336, 112, 250880, 2048);     // BigScience 2022
+        t["mt-nlg-530b"] = gpt2(105, 20480, 128, 51200, 2048);    // Smith et al. 2022
         // LLaMA 60M as in the GaLore paper (Zhao et al. 2024, Table 9).
         t["llama-60m"] = llama(8, 512, 8, 8, 1376, 32000, 256);
         // LLaMA 2 (Touvron et al. 2023) and LLaMA 3 (Meta 2024) model cards.

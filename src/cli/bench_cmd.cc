@@ -16,6 +16,7 @@
 #include "core/allocator.h"
 #include "core/error.h"
 #include "core/model_spec.h"
+#include "core/profile.h"
 #include "core/rng.h"
 #include "core/threads.h"
 #include "kernels/kernels.h"
@@ -35,6 +36,7 @@ struct BenchTrainArgs {
     int threads = 0;
     std::string precision = "fp32";
     bool json = false;
+    bool profile = false;
 };
 
 double median(std::vector<double> v) {
@@ -69,7 +71,9 @@ void bench_train(const BenchTrainArgs& a) {
                             : kernels::measure_gemm_peak_flops(1.0);
     std::vector<double> times;
     double loss = 0;
+    core::Profiler& prof = core::Profiler::get();
     for (int s = 0; s < a.warmup + a.steps; ++s) {
+        prof.enable(a.profile && s >= a.warmup);
         const auto t0 = std::chrono::steady_clock::now();
         m.zero_grads();
         loss = m.forward_backward(tokens.data(), targets.data(), a.batch, a.seq, 1.0f / float(n))
@@ -128,6 +132,18 @@ void bench_train(const BenchTrainArgs& a) {
     }
     fmt::print("  categories  {:>9.1f} MiB; process RSS peak {:.1f} MiB ({:.2f}x)\n",
                double(sum) / 1048576.0, double(rss) / 1048576.0, double(rss) / double(sum));
+    if (a.profile) {
+        double total = 0;
+        for (double t : times) total += t;
+        fmt::print("  time per step by region (mean over timed steps):\n");
+        double covered = 0;
+        for (const auto& [name, sec] : prof.totals()) {
+            covered += sec;
+            fmt::print("    {:<26} {:>7.3f} s {:>5.1f}%\n", name, sec / a.steps, 100 * sec / total);
+        }
+        fmt::print("    {:<26} {:>7.3f} s {:>5.1f}%\n", "other (norms, activations)",
+                   (total - covered) / a.steps, 100 * (total - covered) / total);
+    }
 }
 
 void setup(CLI::App& app) {
@@ -145,6 +161,7 @@ void setup(CLI::App& app) {
         ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
         ->capture_default_str();
     tr->add_flag("--json", a.json, "print one JSON object");
+    tr->add_flag("--profile", a.profile, "also print where a step's time goes");
     tr->callback([] { bench_train(a); });
     add_bench_comm_command(cmd);
 }

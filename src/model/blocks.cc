@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/profile.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 
@@ -66,7 +67,10 @@ void Transformer::block_forward(int l, int64_t B, int64_t T) {
                              param(p + "ln_1.weight"), param(p + "ln_1.bias"), N, C, eps);
         lin_fwd(act(a.qkv), act(a.norm1), a.norm1_h, p + "attn.c_attn.weight",
                 p + "attn.c_attn.bias", N, C, 3 * C);
-        k::attention_forward(act(a.atty), act(a.lse), act(a.qkv), B, T, NH, NH, HS);
+        {
+            APIARY_PROFILE("attention forward");
+            k::attention_forward(act(a.atty), act(a.lse), act(a.qkv), B, T, NH, NH, HS);
+        }
         lin_fwd(act(a.res2), act(a.atty), a.atty_h, p + "attn.c_proj.weight",
                 p + "attn.c_proj.bias", N, C, C);
         add_to(act(a.res2), in, N * C);
@@ -84,7 +88,10 @@ void Transformer::block_forward(int l, int64_t B, int64_t T) {
         lin_fwd(act(a.qkv), act(a.norm1), a.norm1_h, p + "self_attn.q_proj.weight", "", N, C, R);
         k::rope_apply(act(a.qkv), rope_cos_.f32(), rope_sin_.f32(), B, T, R, 0, NH, HS, false);
         k::rope_apply(act(a.qkv), rope_cos_.f32(), rope_sin_.f32(), B, T, R, C, KVH, HS, false);
-        k::attention_forward(act(a.atty), act(a.lse), act(a.qkv), B, T, NH, KVH, HS);
+        {
+            APIARY_PROFILE("attention forward");
+            k::attention_forward(act(a.atty), act(a.lse), act(a.qkv), B, T, NH, KVH, HS);
+        }
         lin_fwd(act(a.res2), act(a.atty), a.atty_h, p + "self_attn.o_proj.weight", "", N, C, C);
         add_to(act(a.res2), in, N * C);
         k::rmsnorm_forward(act(a.norm2), act(a.norm2_rstd), act(a.res2),
@@ -114,8 +121,11 @@ void Transformer::block_backward(int l, int64_t B, int64_t T) {
                               act(a.norm2_rstd), N, C);
         lin_bwd(datty_.f32(), p + "attn.c_proj.weight", p + "attn.c_proj.bias", dres, act(a.atty),
                 a.atty_h, N, C, C);
-        k::attention_backward(dqkv_.f32(), datty_.f32(), act(a.qkv), act(a.atty), act(a.lse), B,
-                              T, NH, NH, HS);
+        {
+            APIARY_PROFILE("attention backward");
+            k::attention_backward(dqkv_.f32(), datty_.f32(), act(a.qkv), act(a.atty), act(a.lse),
+                                  B, T, NH, NH, HS);
+        }
         lin_bwd(dnorm_.f32(), p + "attn.c_attn.weight", p + "attn.c_attn.bias", dqkv_.f32(),
                 act(a.norm1), a.norm1_h, N, C, 3 * C);
         k::layernorm_backward(dres, grad(p + "ln_1.weight"), grad(p + "ln_1.bias"), dnorm_.f32(),
@@ -133,8 +143,11 @@ void Transformer::block_backward(int l, int64_t B, int64_t T) {
                             act(a.norm2_rstd), N, C);
         lin_bwd(datty_.f32(), p + "self_attn.o_proj.weight", "", dres, act(a.atty), a.atty_h, N, C,
                 C);
-        k::attention_backward(dqkv_.f32(), datty_.f32(), act(a.qkv), act(a.atty), act(a.lse), B,
-                              T, NH, KVH, HS);
+        {
+            APIARY_PROFILE("attention backward");
+            k::attention_backward(dqkv_.f32(), datty_.f32(), act(a.qkv), act(a.atty), act(a.lse),
+                                  B, T, NH, KVH, HS);
+        }
         // The rotation's transpose carries the gradient back to pre-RoPE q, k.
         k::rope_apply(dqkv_.f32(), rope_cos_.f32(), rope_sin_.f32(), B, T, R, 0, NH, HS, true);
         k::rope_apply(dqkv_.f32(), rope_cos_.f32(), rope_sin_.f32(), B, T, R, C, KVH, HS, true);

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/profile.h"
 #include "core/rng.h"
 #include "kernels/kernels.h"
 
@@ -199,7 +200,10 @@ void Transformer::init(uint64_t seed) {
     }
 }
 
-void Transformer::zero_grads() { grads_.zero(); }
+void Transformer::zero_grads() {
+    APIARY_PROFILE("zero grads");
+    grads_.zero();
+}
 
 const std::string& Transformer::head_name() const {
     static const std::string wte = "wte.weight", embed = "model.embed_tokens.weight",
@@ -214,6 +218,7 @@ float* Transformer::head_grad() { return grads() + registry_.get(head_name()).of
 
 void Transformer::refresh_shadow() {
     if (!shadow_stale_ || precision_ == Precision::fp32) return;
+    APIARY_PROFILE("weight cast");
     if (precision_ == Precision::bf16) {
         k::to_bf16(shadow_.data<uint16_t>(), params_.f32(), flat_size_);
     } else {
@@ -224,6 +229,7 @@ void Transformer::refresh_shadow() {
 
 void Transformer::lin_fwd(float* y, float* x, int64_t x_half, const std::string& w,
                           const std::string& b, int64_t N, int64_t IN, int64_t OUT) {
+    APIARY_PROFILE("matmul forward");
     const float* bias = b.empty() ? nullptr : param(b);
     switch (precision_) {
         case Precision::fp32:
@@ -242,6 +248,7 @@ void Transformer::lin_fwd(float* y, float* x, int64_t x_half, const std::string&
 
 void Transformer::lin_bwd(float* dx, const std::string& w, const std::string& b, const float* dy,
                           const float* x, int64_t x_half, int64_t N, int64_t IN, int64_t OUT) {
+    APIARY_PROFILE("matmul backward");
     float* dbias = b.empty() ? nullptr : grad(b);
     switch (precision_) {
         case Precision::fp32:
@@ -268,6 +275,7 @@ void Transformer::lin_bwd(float* dx, const std::string& w, const std::string& b,
 
 double Transformer::head_forward_backward(const int32_t* targets, int64_t N, float grad_scale,
                                           int64_t* count) {
+    APIARY_PROFILE("lm head + cross-entropy");
     const int64_t C = spec_.n_embd, V = spec_.vocab_size;
     switch (precision_) {
         case Precision::bf16:

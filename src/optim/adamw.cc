@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/profile.h"
 #include "kernels/kernels.h"
 
 namespace apiary::optim {
@@ -19,6 +20,7 @@ AdamW::AdamW(std::vector<ParamRange> ranges, int64_t flat_size, AdamWOptions opt
       v_({end_ - begin_}, core::DType::f32, core::MemCategory::optimizer) {}
 
 double AdamW::grad_norm(const float* grads) const {
+    APIARY_PROFILE("grad norm");
     double ss = 0.0;
     for (const auto& r : ranges_) ss += k::sum_squares(grads + r.offset, r.numel);
     return std::sqrt(ss);
@@ -26,6 +28,7 @@ double AdamW::grad_norm(const float* grads) const {
 
 double AdamW::step(float* params, const float* grads, float lr, float grad_scale,
                    double raw_norm) {
+    APIARY_PROFILE("adamw");
     const double norm = (raw_norm >= 0 ? raw_norm : grad_norm(grads)) * grad_scale;
     float scale = grad_scale;
     // torch.nn.utils.clip_grad_norm_'s rule, so runs compare with PyTorch.

@@ -73,6 +73,7 @@ void Engine::enqueue(const std::shared_ptr<MpiWork>& w) {
         if (stop) throw CommError(fmt::format("{}: {} after the MPI session ended", name,
                                               w->fingerprint().describe()));
         wake = worker_cold || !queue.empty();
+        w->set_seq(seq++);
         queue.push_back(w);
         last_call = std::chrono::steady_clock::now();
     }
@@ -480,7 +481,6 @@ private:
 
     template <class Fn>
     WorkHandle submit(Fingerprint fp, Fn fn) {
-        fp.seq = e_->seq++;
         std::shared_ptr<MpiWork> w = std::make_shared<detail::MpiWorkFn<Fn>>(fp, e_, std::move(fn));
         e_->enqueue(w);
         return w;

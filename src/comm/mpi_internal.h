@@ -66,7 +66,8 @@ struct Engine {
     int waiters = 0;
     std::chrono::steady_clock::time_point last_call{};
     std::thread worker;
-    uint64_t seq = 0, p2p_seq = 0;
+    uint64_t seq = 0;                  // guarded by mu
+    std::atomic<uint64_t> p2p_seq{0};  // send/recv are numbered apart: peers differ
 
     // Used only by the thread executing a call (busy guards them).
     ScratchBuffer scratch;  // f32 copy of bf16 data
@@ -98,6 +99,8 @@ public:
     std::atomic<int> state{kQueued};
     std::string error;
 
+    // Numbered under the group's lock, so threads may issue concurrently.
+    void set_seq(uint64_t seq) { fp_.seq = seq; }
     // The MPI calls of this collective; run by whichever thread executes it.
     virtual void run(const CallContext& ctx) = 0;
 

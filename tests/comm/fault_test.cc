@@ -89,4 +89,24 @@ TEST(Faults, ConfigMismatchIsReported) {
     EXPECT_TRUE(has(r, "config differs between ranks: rank 1 has config hash")) << r.output;
 }
 
+// `apiary launch -n 2` really starts two ranks (each prints the config).
+TEST(LaunchDist, RunsEveryRank) {
+    const std::string cmd = std::string("timeout 120 ") + APIARY_BINARY_DIR +
+                            "/apiary launch --launcher mpirun -n 2 -- config show "
+                            "--set comm.timeout_s=7 2>&1";
+    std::string out;
+    FILE* p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+    EXPECT_EQ(pclose(p), 0) << out;
+    size_t copies = 0;
+    for (size_t pos = out.find("timeout_s = 7"); pos != std::string::npos;
+         pos = out.find("timeout_s = 7", pos + 1)) {
+        ++copies;
+    }
+    EXPECT_EQ(copies, 2u) << out;
+}
+
 }  // namespace

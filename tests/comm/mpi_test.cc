@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <random>
 
 #include "collective_checks.h"
@@ -144,6 +146,14 @@ int main(int argc, char** argv) {
         options.timeout_s = 120;
         apiary::comm::MpiSession session(options);
         apiary::comm::g_world = session.world();
+        // Set by launchers' tests (srun, sbatch): a 2-rank job must be one
+        // world, not two singletons.
+        if (const char* want = std::getenv("APIARY_EXPECT_WORLD_SIZE")) {
+            if (session.world()->size() != std::atoi(want)) {
+                std::fprintf(stderr, "world size %d, expected %s\n", session.world()->size(), want);
+                return 1;
+            }
+        }
         if (session.world()->rank() != 0) {
             auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
             delete listeners.Release(listeners.default_result_printer());

@@ -36,8 +36,8 @@ std::string ranks_word(const std::vector<int>& ranks) {
 std::string where(const GroupSnapshot& s) {
     if (s.in_flight) return "wait in " + s.in_flight->describe();
     if (s.last_done) {
-        return fmt::format("{} at {} (completed; has not called #{})",
-                           "is", s.last_done->describe(), s.last_done->seq + 1);
+        return fmt::format("{} at {} (completed; has not called #{})", "is",
+                           s.last_done->describe(), s.last_done->seq + 1);
     }
     return "has not made any call on this group";
 }
@@ -87,8 +87,10 @@ std::string diagnose(const std::string& group, const std::vector<GroupSnapshot>&
     std::vector<int> silent;
     std::vector<const GroupSnapshot*> answered;
     for (const auto& m : members) {
-        if (m.answered) answered.push_back(&m);
-        else silent.push_back(m.world_rank);
+        if (m.answered)
+            answered.push_back(&m);
+        else
+            silent.push_back(m.world_rank);
     }
     std::vector<std::string> parts;
 
@@ -104,16 +106,18 @@ std::string diagnose(const std::string& group, const std::vector<GroupSnapshot>&
         for (const auto* m : ranks) {
             auto it = std::find_if(calls.begin(), calls.end(),
                                    [&](const auto& c) { return c.first.same_call(*m->in_flight); });
-            if (it == calls.end()) calls.push_back({*m->in_flight, {m->world_rank}});
-            else it->second.push_back(m->world_rank);
+            if (it == calls.end())
+                calls.push_back({*m->in_flight, {m->world_rank}});
+            else
+                it->second.push_back(m->world_rank);
         }
         if (calls.size() < 2) continue;
         std::string msg = fmt::format("{}: mismatch at #{}:", group, seq);
         for (size_t i = 0; i < calls.size(); ++i) {
-            msg += fmt::format("{} {} {} {}", i == 0 ? "" : (i + 1 == calls.size() ? " while" : ","),
-                               ranks_word(calls[i].second),
-                               calls[i].second.size() == 1 ? "calls" : "call",
-                               calls[i].first.describe());
+            msg += fmt::format(
+                "{} {} {} {}", i == 0 ? "" : (i + 1 == calls.size() ? " while" : ","),
+                ranks_word(calls[i].second), calls[i].second.size() == 1 ? "calls" : "call",
+                calls[i].first.describe());
         }
         parts.push_back(msg + "; every rank must issue the same collectives in the same order");
     }
@@ -134,8 +138,10 @@ std::string diagnose(const std::string& group, const std::vector<GroupSnapshot>&
         auto add = [](auto& list, const std::string& key, int rank) {
             auto it = std::find_if(list.begin(), list.end(),
                                    [&](const auto& e) { return e.first == key; });
-            if (it == list.end()) list.push_back({key, {rank}});
-            else it->second.push_back(rank);
+            if (it == list.end())
+                list.push_back({key, {rank}});
+            else
+                it->second.push_back(rank);
         };
         for (const auto* m : answered) {
             const bool waits_newest = m->in_flight && m->in_flight->seq == newest;
@@ -190,9 +196,13 @@ std::string dump_line(const std::string& group, const GroupSnapshot& s) {
 }
 
 nlohmann::json to_json(const Fingerprint& fp) {
-    return {{"seq", fp.seq},  {"op", int(fp.op)},     {"dtype", int(fp.dtype)},
-            {"count", fp.count}, {"kind", fp.tag.kind ? fp.tag.kind : ""},
-            {"id", fp.tag.id}, {"peer", fp.peer}};
+    return {{"seq", fp.seq},
+            {"op", int(fp.op)},
+            {"dtype", int(fp.dtype)},
+            {"count", fp.count},
+            {"kind", fp.tag.kind ? fp.tag.kind : ""},
+            {"id", fp.tag.id},
+            {"peer", fp.peer}};
 }
 
 Fingerprint fingerprint_from_json(const nlohmann::json& j) {
@@ -209,8 +219,8 @@ Fingerprint fingerprint_from_json(const nlohmann::json& j) {
 }
 
 nlohmann::json to_json(const GroupSnapshot& s) {
-    nlohmann::json j = {{"rank", s.world_rank}, {"in_flight_s", s.in_flight_s},
-                        {"idle_s", s.idle_s}};
+    nlohmann::json j = {
+        {"rank", s.world_rank}, {"in_flight_s", s.in_flight_s}, {"idle_s", s.idle_s}};
     if (s.in_flight) j["in_flight"] = to_json(*s.in_flight);
     if (s.last_done) j["last_done"] = to_json(*s.last_done);
     j["recent"] = nlohmann::json::array();

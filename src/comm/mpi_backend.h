@@ -29,7 +29,7 @@ namespace apiary::comm {
 // group, passes a final watched barrier (so a rank that skipped a collective is
 // reported, not left hanging in MPI_Finalize) and finalises MPI.
 class MpiSession {
-public:
+  public:
     explicit MpiSession(const CommOptions& options);
     ~MpiSession();
     MpiSession(const MpiSession&) = delete;
@@ -39,7 +39,7 @@ public:
     // applies to it and to every group split from it.
     std::shared_ptr<ProcessGroup> world() const { return world_; }
 
-private:
+  private:
     std::shared_ptr<ProcessGroup> world_;
     bool owns_mpi_ = false;
 };

@@ -35,13 +35,16 @@ int main(int argc, char** argv) {
         for (int b = 0; b < 10; ++b) {
             int64_t count = 1024;
             if (culprit) {
-                if (scenario == "stall" && b == 6) std::this_thread::sleep_for(std::chrono::seconds(60));
+                if (scenario == "stall" && b == 6)
+                    std::this_thread::sleep_for(std::chrono::seconds(60));
                 if (scenario.rfind("skip", 0) == 0 && b == 5) continue;
                 if (scenario == "count" && b == 3) count = 1025;
                 if (scenario == "die" && b == 3) std::raise(SIGKILL);
             }
-            world->all_reduce(grads.data(), count, core::DType::f32, comm::ReduceOp::avg,
-                              comm::Tag{"bucket", b})->wait();
+            world
+                ->all_reduce(grads.data(), count, core::DType::f32, comm::ReduceOp::avg,
+                             comm::Tag{"bucket", b})
+                ->wait();
         }
         world.reset();
     } catch (const Error& e) {

@@ -4,10 +4,10 @@
 // (exit 124 fails the test), not by a clock in the test.
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <cstdio>
 #include <string>
-#include <sys/wait.h>
 
 namespace {
 
@@ -42,8 +42,9 @@ TEST(Faults, StalledRankIsNamed) {
     const Result r = run(4, "stall");
     EXPECT_NE(r.code, 0) << r.output;
     EXPECT_NE(r.code, 124) << "the job hung\n" << r.output;
-    EXPECT_TRUE(has(r, "rank 3 is at all_reduce #6 bucket 5 (f32 x 1024) (completed; has not "
-                       "called #7) while ranks 0-2 wait in all_reduce #7 bucket 6"))
+    EXPECT_TRUE(has(r,
+                    "rank 3 is at all_reduce #6 bucket 5 (f32 x 1024) (completed; has not "
+                    "called #7) while ranks 0-2 wait in all_reduce #7 bucket 6"))
         << r.output;
     EXPECT_TRUE(has(r, "exceeded comm.timeout_s = 2 s")) << r.output;
     // Every rank dumps its recent calls.
@@ -57,8 +58,9 @@ TEST(Faults, SkippedCollectiveIsAMismatch) {
     const Result r = run(2, "skip");
     EXPECT_NE(r.code, 0) << r.output;
     EXPECT_NE(r.code, 124) << "the job hung\n" << r.output;
-    EXPECT_TRUE(has(r, "mismatch at #6: rank 0 calls all_reduce #6 bucket 5 (f32 x 1024) while "
-                       "rank 1 calls all_reduce #6 bucket 6 (f32 x 1024)"))
+    EXPECT_TRUE(has(r,
+                    "mismatch at #6: rank 0 calls all_reduce #6 bucket 5 (f32 x 1024) while "
+                    "rank 1 calls all_reduce #6 bucket 6 (f32 x 1024)"))
         << r.output;
 }
 

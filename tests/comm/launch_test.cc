@@ -14,8 +14,8 @@ struct Result {
 };
 
 Result apiary(const std::string& args) {
-    const std::string cmd = std::string("timeout 120 ") + APIARY_BINARY_DIR + "/apiary " + args +
-                            " 2>&1";
+    const std::string cmd =
+        std::string("timeout 120 ") + APIARY_BINARY_DIR + "/apiary " + args + " 2>&1";
     Result r;
     FILE* p = popen(cmd.c_str(), "r");
     if (!p) return r;
@@ -35,8 +35,9 @@ TEST(Launch, DryRunBuildsTheMpirunCommand) {
 }
 
 TEST(Launch, DryRunPassesThreadsAndLauncherArgs) {
-    const Result r = apiary("launch --dry-run --launcher mpirun -n 1 -t 3 --launcher-arg "
-                            "--tag-output -- config show");
+    const Result r = apiary(
+        "launch --dry-run --launcher mpirun -n 1 -t 3 --launcher-arg "
+        "--tag-output -- config show");
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_NE(r.out.find("-x OMP_NUM_THREADS=3"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find(" --tag-output "), std::string::npos) << r.out;
@@ -46,7 +47,10 @@ TEST(Launch, DryRunWithSrun) {
     const Result r = apiary("launch --dry-run --launcher srun -n 2 -t 2 -- config show");
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_EQ(r.out.rfind("env OMP_NUM_THREADS=2 srun -n 2 --cpus-per-task=2 "
-                          "--kill-on-bad-exit=1 ", 0), 0u) << r.out;
+                          "--kill-on-bad-exit=1 ",
+                          0),
+              0u)
+        << r.out;
 }
 
 TEST(Launch, NothingToRunIsAnError) {

@@ -96,6 +96,8 @@ void run_front(Engine& e, std::unique_lock<std::mutex>& lock) {
     lock.lock();
     e.busy = false;
     if (e.waiters > 0) e.done_cv.notify_all();
+    // A worker that slept through this call is needed again only if more is queued.
+    if (!e.queue.empty()) e.worker_cv.notify_one();
 }
 
 void Engine::worker_loop() {
@@ -106,7 +108,11 @@ void Engine::worker_loop() {
             continue;
         }
         if (stop) return;
-        if (std::chrono::steady_clock::now() - last_call < kWarm) {
+        if (busy) {
+            // A waiting caller runs a call: no polling until it is done (a
+            // woken thread on a loaded machine slows that very call).
+            worker_cv.wait(lock);
+        } else if (std::chrono::steady_clock::now() - last_call < kWarm) {
             worker_cv.wait_for(lock, kPoll);
         } else {
             worker_cold = true;

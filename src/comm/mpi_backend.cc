@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <limits>
 
 #include "comm/mpi_internal.h"
@@ -452,7 +453,8 @@ void abort_mpi(int code) {
     if (inited && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
 }
 
-MpiSession::MpiSession(const CommOptions& options) {
+MpiSession::MpiSession(const CommOptions& options)
+    : uncaught_at_start_(std::uncaught_exceptions()) {
     int inited = 0, provided = 0;
     MPI_Initialized(&inited);
     if (!inited) {
@@ -475,6 +477,14 @@ MpiSession::MpiSession(const CommOptions& options) {
 }
 
 MpiSession::~MpiSession() {
+    if (std::uncaught_exceptions() > uncaught_at_start_) {
+        // An error is on its way to cli/main.cc, which prints it and aborts
+        // every rank through the abort hook. The finalize barrier or
+        // MPI_Finalize here would wait for peers that are not coming, and
+        // would bury this rank's message under a watchdog report.
+        world_.reset();
+        return;
+    }
     try {
         // Watched and checked like any collective: a rank that skipped a call
         // meets its peers here, and the watchdog names it instead of MPI_Finalize hanging.

@@ -7,6 +7,8 @@
 //   count          the culprit passes a different count for bucket 3
 //   die            the culprit is killed (SIGKILL) before bucket 3
 //   config         the culprit's config hash differs
+//   throw          the culprit throws an IoError before bucket 4 (its own
+//                  message must reach the user, not a watchdog report)
 
 #include <fmt/core.h>
 
@@ -40,6 +42,9 @@ int main(int argc, char** argv) {
                 if (scenario.rfind("skip", 0) == 0 && b == 5) continue;
                 if (scenario == "count" && b == 3) count = 1025;
                 if (scenario == "die" && b == 3) std::raise(SIGKILL);
+                if (scenario == "throw" && b == 4) {
+                    throw IoError("shard_0007.bin: truncated at byte 4096 (rank's own error)");
+                }
             }
             world
                 ->all_reduce(grads.data(), count, core::DType::f32, comm::ReduceOp::avg,

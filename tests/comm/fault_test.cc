@@ -85,6 +85,14 @@ TEST(Faults, DeadRankEndsTheJob) {
     EXPECT_TRUE(has(r, "rank 1")) << r.output;
 }
 
+TEST(Faults, ErrorOnOneRankIsPrintedAndEndsTheJob) {
+    const Result r = run(2, "throw");
+    EXPECT_NE(r.code, 0) << r.output;
+    EXPECT_NE(r.code, 124) << "the job hung\n" << r.output;
+    EXPECT_TRUE(has(r, "apiary: error: shard_0007.bin: truncated at byte 4096")) << r.output;
+    EXPECT_FALSE(has(r, "mismatch")) << r.output;
+}
+
 TEST(Faults, ConfigMismatchIsReported) {
     const Result r = run(2, "config");
     EXPECT_NE(r.code, 0) << r.output;

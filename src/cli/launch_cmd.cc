@@ -86,6 +86,11 @@ std::vector<std::string> build(const Options& o) {
     } else {
         cmd = {"mpirun", "-n", std::to_string(o.ranks), "-x", omp};
         if (::geteuid() == 0) cmd.push_back("--allow-run-as-root");
+        if (o.ranks * o.threads >= core::available_cores()) {
+            // Every rank also has communication threads that wait inside MPI;
+            // with no core to spare, MPI's busy polling must yield to compute.
+            cmd.insert(cmd.end(), {"--mca", "mpi_yield_when_idle", "1"});
+        }
         if (!o.hosts.empty()) {
             cmd.insert(cmd.end(), {"--host", o.hosts});
         } else if (o.ranks * o.threads > core::available_cores()) {

@@ -14,6 +14,8 @@ packages=(
     prometheus-cpp-dev libcurl4-openssl-dev
     # tests and benchmarks
     libgtest-dev libgmock-dev libbenchmark-dev
+    # the Slurm launch test (tests/comm/slurm_test.sh): a one-node cluster
+    slurm-wlm munge
     python3 python3-numpy python3-torch
     # the default corpus: the King James Bible, dumped by `bible`
     bible-kjv bible-kjv-text

@@ -9,10 +9,10 @@
 // bytes of one rank, all_gather the output bytes. busbw = algbw * 2(n-1)/n
 // for all_reduce and algbw * (n-1)/n for the other two.
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <mpi.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -53,12 +53,15 @@ size_t parse_bytes(const std::string& text, const char* flag) {
     }
     std::string unit = text.substr(pos);
     double mult = 1;
-    if (unit == "K" || unit == "k") mult = 1024;
-    else if (unit == "M" || unit == "m") mult = 1024.0 * 1024;
-    else if (unit == "G" || unit == "g") mult = 1024.0 * 1024 * 1024;
+    if (unit == "K" || unit == "k")
+        mult = 1024;
+    else if (unit == "M" || unit == "m")
+        mult = 1024.0 * 1024;
+    else if (unit == "G" || unit == "g")
+        mult = 1024.0 * 1024 * 1024;
     else if (!unit.empty() && unit != "B") {
-        throw ConfigError(fmt::format("{}: unknown unit '{}' in '{}' (use K, M or G)", flag, unit,
-                                      text));
+        throw ConfigError(
+            fmt::format("{}: unknown unit '{}' in '{}' (use K, M or G)", flag, unit, text));
     }
     return size_t(v * mult);
 }
@@ -85,8 +88,8 @@ Op parse_op(const std::string& s) {
     if (s == "all_reduce") return Op::all_reduce;
     if (s == "reduce_scatter") return Op::reduce_scatter;
     if (s == "all_gather") return Op::all_gather;
-    throw ConfigError(fmt::format(
-        "--ops: unknown op '{}' (use all_reduce, reduce_scatter, all_gather)", s));
+    throw ConfigError(
+        fmt::format("--ops: unknown op '{}' (use all_reduce, reduce_scatter, all_gather)", s));
 }
 
 double bus_factor(Op op, int n) {
@@ -94,21 +97,28 @@ double bus_factor(Op op, int n) {
 }
 
 // One call of `op` over `bytes`, through apiary (raw = false) or raw MPI.
-void run_once(Op op, bool raw, comm::ProcessGroup& g, MPI_Comm peer, Buffers& buf,
-              int64_t count) {
+void run_once(Op op, bool raw, comm::ProcessGroup& g, MPI_Comm peer, Buffers& buf, int64_t count) {
     const int n = g.size();
     switch (op) {
         case Op::all_reduce:
-            if (raw) MPI_Allreduce(MPI_IN_PLACE, buf.a, int(count), MPI_FLOAT, MPI_SUM, peer);
-            else g.all_reduce(buf.a, count, core::DType::f32, comm::ReduceOp::sum)->wait();
+            if (raw)
+                MPI_Allreduce(MPI_IN_PLACE, buf.a, int(count), MPI_FLOAT, MPI_SUM, peer);
+            else
+                g.all_reduce(buf.a, count, core::DType::f32, comm::ReduceOp::sum)->wait();
             break;
         case Op::reduce_scatter:
-            if (raw) MPI_Reduce_scatter_block(buf.a, buf.b, int(count / n), MPI_FLOAT, MPI_SUM, peer);
-            else g.reduce_scatter(buf.a, buf.b, count / n, core::DType::f32, comm::ReduceOp::sum)->wait();
+            if (raw)
+                MPI_Reduce_scatter_block(buf.a, buf.b, int(count / n), MPI_FLOAT, MPI_SUM, peer);
+            else
+                g.reduce_scatter(buf.a, buf.b, count / n, core::DType::f32, comm::ReduceOp::sum)
+                    ->wait();
             break;
         case Op::all_gather:
-            if (raw) MPI_Allgather(buf.a, int(count / n), MPI_FLOAT, buf.b, int(count / n), MPI_FLOAT, peer);
-            else g.all_gather(buf.a, buf.b, count / n, core::DType::f32)->wait();
+            if (raw)
+                MPI_Allgather(buf.a, int(count / n), MPI_FLOAT, buf.b, int(count / n), MPI_FLOAT,
+                              peer);
+            else
+                g.all_gather(buf.a, buf.b, count / n, core::DType::f32)->wait();
             break;
     }
 }
@@ -124,7 +134,8 @@ void verify(Op op, comm::ProcessGroup& g, MPI_Comm peer, Buffers& buf, int64_t c
     const float ranks = float(n * (n + 1) / 2);
     int64_t bad = -1;
     if (op == Op::all_reduce) {
-        for (int64_t i = 0; i < count && bad < 0; ++i) if (buf.a[i] != ranks * float(i % 13)) bad = i;
+        for (int64_t i = 0; i < count && bad < 0; ++i)
+            if (buf.a[i] != ranks * float(i % 13)) bad = i;
     } else if (op == Op::reduce_scatter) {
         const int64_t m = count / n;
         for (int64_t i = 0; i < m && bad < 0; ++i) {
@@ -137,10 +148,13 @@ void verify(Op op, comm::ProcessGroup& g, MPI_Comm peer, Buffers& buf, int64_t c
         }
     }
     if (bad >= 0) {
-        throw CommError(fmt::format("bench comm: {} of {} floats gave a wrong result at element {} "
-                                    "on rank {}", op == Op::all_reduce ? "all_reduce" :
-                                    op == Op::reduce_scatter ? "reduce_scatter" : "all_gather",
-                                    count, bad, r));
+        throw CommError(
+            fmt::format("bench comm: {} of {} floats gave a wrong result at element {} "
+                        "on rank {}",
+                        op == Op::all_reduce       ? "all_reduce"
+                        : op == Op::reduce_scatter ? "reduce_scatter"
+                                                   : "all_gather",
+                        count, bad, r));
     }
     fill();  // the timed calls start from sane values
 }
@@ -188,15 +202,16 @@ void run(const Options& o) {
     const double mcpy = memcpy_gbps(buf, max_b);
     if (rank == 0) {
         if (o.json) {
-            fmt::print("{}\n", nlohmann::json{{"op", "memcpy"}, {"bytes", max_b},
-                                              {"gbps", mcpy}}.dump());
+            fmt::print("{}\n",
+                       nlohmann::json{{"op", "memcpy"}, {"bytes", max_b}, {"gbps", mcpy}}.dump());
         } else {
-            fmt::print("# apiary bench comm: {} ranks, f32, comm.verify={}, comm.hierarchical={}, "
-                       "{} reps (median, spread min-max)\n# memcpy {} bytes: {:.2f} GB/s\n",
-                       n, copt.verify, copt.hierarchical, o.reps, max_b, mcpy);
+            fmt::print(
+                "# apiary bench comm: {} ranks, f32, comm.verify={}, comm.hierarchical={}, "
+                "{} reps (median, spread min-max)\n# memcpy {} bytes: {:.2f} GB/s\n",
+                n, copt.verify, copt.hierarchical, o.reps, max_b, mcpy);
             fmt::print("{:<15}{:>11}{:>11} | {:>10}{:>8}{:>8} | {:>10}{:>8}{:>8} | {:>6} {}\n",
-                       "# op", "bytes", "count", "apiary_us", "algbw", "busbw", "mpi_us",
-                       "algbw", "busbw", "ratio", "spread");
+                       "# op", "bytes", "count", "apiary_us", "algbw", "busbw", "mpi_us", "algbw",
+                       "busbw", "ratio", "spread");
         }
     }
     for (Op op : ops) {
@@ -220,26 +235,40 @@ void run(const Options& o) {
             const double actual = double(count) * 4;
             const double alg_a = actual / a.median_s / 1e9, alg_m = actual / m.median_s / 1e9;
             const double f = bus_factor(op, n);
-            const char* name = op == Op::all_reduce ? "all_reduce"
-                               : op == Op::reduce_scatter ? "reduce_scatter" : "all_gather";
+            const char* name = op == Op::all_reduce       ? "all_reduce"
+                               : op == Op::reduce_scatter ? "reduce_scatter"
+                                                          : "all_gather";
             if (rank != 0) continue;
             if (o.json) {
-                fmt::print("{}\n", nlohmann::json{
-                    {"op", name}, {"bytes", int64_t(actual)}, {"count", count}, {"ranks", n},
-                    {"dtype", "f32"}, {"verify", copt.verify}, {"iters", iters},
-                    {"apiary", {{"time_us", a.median_s * 1e6}, {"min_us", a.min_s * 1e6},
-                                {"max_us", a.max_s * 1e6}, {"algbw_gbps", alg_a},
-                                {"busbw_gbps", alg_a * f}}},
-                    {"mpi", {{"time_us", m.median_s * 1e6}, {"min_us", m.min_s * 1e6},
-                             {"max_us", m.max_s * 1e6}, {"algbw_gbps", alg_m},
-                             {"busbw_gbps", alg_m * f}}},
-                    {"ratio", a.median_s / m.median_s}, {"memcpy_gbps", mcpy}}.dump());
+                fmt::print("{}\n", nlohmann::json{{"op", name},
+                                                  {"bytes", int64_t(actual)},
+                                                  {"count", count},
+                                                  {"ranks", n},
+                                                  {"dtype", "f32"},
+                                                  {"verify", copt.verify},
+                                                  {"iters", iters},
+                                                  {"apiary",
+                                                   {{"time_us", a.median_s * 1e6},
+                                                    {"min_us", a.min_s * 1e6},
+                                                    {"max_us", a.max_s * 1e6},
+                                                    {"algbw_gbps", alg_a},
+                                                    {"busbw_gbps", alg_a * f}}},
+                                                  {"mpi",
+                                                   {{"time_us", m.median_s * 1e6},
+                                                    {"min_us", m.min_s * 1e6},
+                                                    {"max_us", m.max_s * 1e6},
+                                                    {"algbw_gbps", alg_m},
+                                                    {"busbw_gbps", alg_m * f}}},
+                                                  {"ratio", a.median_s / m.median_s},
+                                                  {"memcpy_gbps", mcpy}}
+                                       .dump());
             } else {
-                fmt::print("{:<15}{:>11}{:>11} | {:>10.1f}{:>8.2f}{:>8.2f} | {:>10.1f}{:>8.2f}"
-                           "{:>8.2f} | {:>6.3f} {:.0f}-{:.0f}/{:.0f}-{:.0f}\n",
-                           name, int64_t(actual), count, a.median_s * 1e6, alg_a, alg_a * f,
-                           m.median_s * 1e6, alg_m, alg_m * f, a.median_s / m.median_s,
-                           a.min_s * 1e6, a.max_s * 1e6, m.min_s * 1e6, m.max_s * 1e6);
+                fmt::print(
+                    "{:<15}{:>11}{:>11} | {:>10.1f}{:>8.2f}{:>8.2f} | {:>10.1f}{:>8.2f}"
+                    "{:>8.2f} | {:>6.3f} {:.0f}-{:.0f}/{:.0f}-{:.0f}\n",
+                    name, int64_t(actual), count, a.median_s * 1e6, alg_a, alg_a * f,
+                    m.median_s * 1e6, alg_m, alg_m * f, a.median_s / m.median_s, a.min_s * 1e6,
+                    a.max_s * 1e6, m.min_s * 1e6, m.max_s * 1e6);
             }
             std::fflush(stdout);
         }
@@ -251,17 +280,22 @@ void run(const Options& o) {
 
 void add_bench_comm_command(CLI::App* bench) {
     auto* cmd = bench->add_subcommand(
-        "comm", "collective bandwidth (algbw, busbw) beside raw MPI, nccl-tests style; run "
-                "under mpirun");
+        "comm",
+        "collective bandwidth (algbw, busbw) beside raw MPI, nccl-tests style; run "
+        "under mpirun");
     static Options o;
-    cmd->add_option("--min-bytes", o.min_bytes, "smallest message (e.g. 1K)")->capture_default_str();
-    cmd->add_option("--max-bytes", o.max_bytes, "largest message (e.g. 256M)")->capture_default_str();
+    cmd->add_option("--min-bytes", o.min_bytes, "smallest message (e.g. 1K)")
+        ->capture_default_str();
+    cmd->add_option("--max-bytes", o.max_bytes, "largest message (e.g. 256M)")
+        ->capture_default_str();
     cmd->add_option("--ops", o.ops, "ops to run: all_reduce reduce_scatter all_gather")
         ->capture_default_str();
     cmd->add_option("--reps", o.reps, "timed repetitions per size (median reported)")
-        ->check(CLI::Range(1, 1000))->capture_default_str();
+        ->check(CLI::Range(1, 1000))
+        ->capture_default_str();
     cmd->add_option("--warmup", o.warmup, "untimed repetitions first")
-        ->check(CLI::Range(0, 100))->capture_default_str();
+        ->check(CLI::Range(0, 100))
+        ->capture_default_str();
     cmd->add_flag("--json", o.json, "one JSON object per line: memcpy, then each op and size");
     cmd->add_option("--config", o.config_file, "TOML config file (comm.* keys apply)");
     cmd->add_option("--set", o.sets, "key=value override, e.g. comm.verify=false");

@@ -44,8 +44,8 @@ bool on_path(const std::string& prog) {
     size_t start = 0;
     while (start <= p.size()) {
         const size_t end = p.find(':', start);
-        const std::string dir = p.substr(start, end == std::string::npos ? std::string::npos
-                                                                           : end - start);
+        const std::string dir =
+            p.substr(start, end == std::string::npos ? std::string::npos : end - start);
         if (!dir.empty() && ::access((dir + "/" + prog).c_str(), X_OK) == 0) return true;
         if (end == std::string::npos) break;
         start = end + 1;
@@ -62,8 +62,9 @@ std::string quote(const std::string& s) {
 
 std::vector<std::string> build(const Options& o) {
     if (o.args.empty()) {
-        throw ConfigError("launch: nothing to run; give the apiary verb after --, e.g. "
-                          "`apiary launch -n 2 -- train --config run.toml`");
+        throw ConfigError(
+            "launch: nothing to run; give the apiary verb after --, e.g. "
+            "`apiary launch -n 2 -- train --config run.toml`");
     }
     if (o.args[0] == "launch") throw ConfigError("launch: cannot launch `launch` itself");
     std::string launcher = o.launcher;
@@ -75,11 +76,21 @@ std::vector<std::string> build(const Options& o) {
     if (launcher == "srun") {
         // Inside an allocation: srun places ranks; the environment (with
         // OMP_NUM_THREADS) is exported to every task by default.
-        cmd = {"env", omp, "srun", "-n", std::to_string(o.ranks),
-               fmt::format("--cpus-per-task={}", o.threads), "--kill-on-bad-exit=1"};
+        cmd = {"env",
+               omp,
+               "srun",
+               "-n",
+               std::to_string(o.ranks),
+               fmt::format("--cpus-per-task={}", o.threads),
+               "--kill-on-bad-exit=1"};
     } else {
         cmd = {"mpirun", "-n", std::to_string(o.ranks), "-x", omp};
         if (::geteuid() == 0) cmd.push_back("--allow-run-as-root");
+        if (o.ranks * o.threads >= core::available_cores()) {
+            // Every rank also has communication threads that wait inside MPI;
+            // with no core to spare, MPI's busy polling must yield to compute.
+            cmd.insert(cmd.end(), {"--mca", "mpi_yield_when_idle", "1"});
+        }
         if (!o.hosts.empty()) {
             cmd.insert(cmd.end(), {"--host", o.hosts});
         } else if (o.ranks * o.threads > core::available_cores()) {
@@ -87,8 +98,8 @@ std::vector<std::string> build(const Options& o) {
             // several ranks to one core.
             cmd.insert(cmd.end(), {"--oversubscribe", "--bind-to", "none"});
         } else if (o.threads > 1) {
-            cmd.insert(cmd.end(), {"--map-by", fmt::format("slot:PE={}", o.threads),
-                                   "--bind-to", "core"});
+            cmd.insert(cmd.end(),
+                       {"--map-by", fmt::format("slot:PE={}", o.threads), "--bind-to", "core"});
         }
     }
     cmd.insert(cmd.end(), o.extra.begin(), o.extra.end());
@@ -110,21 +121,27 @@ void run(const Options& o) {
     argv.push_back(nullptr);
     std::fflush(stdout);
     ::execvp(argv[0], argv.data());
-    throw IoError(fmt::format("launch: cannot run {} (is it installed? scripts/install-deps.sh "
-                              "installs openmpi-bin)", argv[0]));
+    throw IoError(
+        fmt::format("launch: cannot run {} (is it installed? scripts/install-deps.sh "
+                    "installs openmpi-bin)",
+                    argv[0]));
 }
 
 void setup(CLI::App& app) {
     auto* cmd = app.add_subcommand(
         "launch", "run N ranks of an apiary command under mpirun (or srun inside Slurm)");
     static Options o;
-    cmd->add_option("-n,--ranks", o.ranks, "number of ranks")->check(CLI::Range(1, 1 << 20))
+    cmd->add_option("-n,--ranks", o.ranks, "number of ranks")
+        ->check(CLI::Range(1, 1 << 20))
         ->capture_default_str();
     cmd->add_option("-t,--threads", o.threads, "compute threads per rank (OMP_NUM_THREADS)")
-        ->check(CLI::Range(1, 4096))->capture_default_str();
-    cmd->add_option("--launcher", o.launcher, "auto (srun inside a Slurm allocation, else "
+        ->check(CLI::Range(1, 4096))
+        ->capture_default_str();
+    cmd->add_option("--launcher", o.launcher,
+                    "auto (srun inside a Slurm allocation, else "
                     "mpirun), mpirun or srun")
-        ->check(CLI::IsMember({"auto", "mpirun", "srun"}))->capture_default_str();
+        ->check(CLI::IsMember({"auto", "mpirun", "srun"}))
+        ->capture_default_str();
     cmd->add_option("--hosts", o.hosts, "mpirun --host list, e.g. node1:4,node2:4");
     cmd->add_option("--launcher-arg", o.extra, "extra argument for the launcher (repeatable)")
         ->allow_extra_args(false);

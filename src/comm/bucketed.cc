@@ -27,7 +27,10 @@ std::vector<BucketRange> make_buckets(const std::vector<int64_t>& param_numels,
 
 BucketedAllReduce::BucketedAllReduce(ProcessGroup& group, float* grads,
                                      std::vector<BucketRange> buckets, ReduceOp op)
-    : group_(group), grads_(grads), buckets_(std::move(buckets)), op_(op),
+    : group_(group),
+      grads_(grads),
+      buckets_(std::move(buckets)),
+      op_(op),
       works_(buckets_.size()) {}
 
 BucketedAllReduce::~BucketedAllReduce() {
@@ -53,9 +56,10 @@ void BucketedAllReduce::finish() {
     const auto t0 = std::chrono::steady_clock::now();
     for (size_t i = 0; i < works_.size(); ++i) {
         if (!works_[i]) {
-            throw CommError(fmt::format("{}: bucket {} was never marked ready this step; "
-                                        "every gradient must be produced before finish()",
-                                        group_.name(), i));
+            throw CommError(
+                fmt::format("{}: bucket {} was never marked ready this step; "
+                            "every gradient must be produced before finish()",
+                            group_.name(), i));
         }
     }
     for (auto& w : works_) {

@@ -28,7 +28,7 @@ std::vector<BucketRange> make_buckets(const std::vector<int64_t>& param_numels,
                                       size_t bucket_bytes);
 
 class BucketedAllReduce {
-public:
+  public:
     // grads (numel) must outlive this object; op is usually avg (mean gradient).
     BucketedAllReduce(ProcessGroup& group, float* grads, std::vector<BucketRange> buckets,
                       ReduceOp op = ReduceOp::avg);
@@ -46,7 +46,7 @@ public:
     // was not hidden behind compute.
     double exposed_seconds() const { return exposed_s_; }
 
-private:
+  private:
     ProcessGroup& group_;
     float* grads_;
     std::vector<BucketRange> buckets_;

@@ -12,7 +12,7 @@ namespace apiary::comm {
 // later call: a collective never allocates in the steady state. Accounted as
 // core::MemCategory::buffers. Not thread-safe: one owner at a time.
 class ScratchBuffer {
-public:
+  public:
     ScratchBuffer() = default;
     ~ScratchBuffer();
     ScratchBuffer(const ScratchBuffer&) = delete;
@@ -26,7 +26,7 @@ public:
     }
     size_t capacity() const { return bytes_; }
 
-private:
+  private:
     void* data_ = nullptr;
     size_t bytes_ = 0;
 };

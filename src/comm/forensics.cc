@@ -36,10 +36,100 @@ std::string ranks_word(const std::vector<int>& ranks) {
 std::string where(const GroupSnapshot& s) {
     if (s.in_flight) return "wait in " + s.in_flight->describe();
     if (s.last_done) {
-        return fmt::format("{} at {} (completed; has not called #{})",
-                           "is", s.last_done->describe(), s.last_done->seq + 1);
+        return fmt::format("{} at {} (completed; has not called #{})", "is",
+                           s.last_done->describe(), s.last_done->seq + 1);
     }
     return "has not made any call on this group";
+}
+
+// Ranks inside a call with the same sequence number must agree on it; one
+// message per sequence number where they do not.
+std::vector<std::string> mismatches(const std::string& group,
+                                    const std::vector<const GroupSnapshot*>& answered) {
+    std::vector<std::string> parts;
+    std::map<uint64_t, std::vector<const GroupSnapshot*>> by_seq;
+    for (const auto* m : answered) {
+        if (m->in_flight && m->in_flight->op != CollOp::send && m->in_flight->op != CollOp::recv) {
+            by_seq[m->in_flight->seq].push_back(m);
+        }
+    }
+    for (const auto& [seq, ranks] : by_seq) {
+        std::vector<std::pair<Fingerprint, std::vector<int>>> calls;
+        for (const auto* m : ranks) {
+            auto it = std::find_if(calls.begin(), calls.end(),
+                                   [&](const auto& c) { return c.first.same_call(*m->in_flight); });
+            if (it == calls.end())
+                calls.push_back({*m->in_flight, {m->world_rank}});
+            else
+                it->second.push_back(m->world_rank);
+        }
+        if (calls.size() < 2) continue;
+        std::string msg = fmt::format("{}: mismatch at #{}:", group, seq);
+        for (size_t i = 0; i < calls.size(); ++i) {
+            msg += fmt::format(
+                "{} {} {} {}", i == 0 ? "" : (i + 1 == calls.size() ? " while" : ","),
+                ranks_word(calls[i].second), calls[i].second.size() == 1 ? "calls" : "call",
+                calls[i].first.describe());
+        }
+        parts.push_back(msg + "; every rank must issue the same collectives in the same order");
+    }
+
+    return parts;
+}
+
+// Who is behind: ranks that are not in the latest call the others wait in.
+// Empty if no answering rank waits in a call.
+std::string who_is_behind(const std::string& group,
+                          const std::vector<const GroupSnapshot*>& answered) {
+    uint64_t newest = 0;
+    bool any_waiting = false;
+    double longest_wait = 0;
+    for (const auto* m : answered) {
+        if (m->in_flight) {
+            newest = std::max(newest, m->in_flight->seq);
+            any_waiting = true;
+            longest_wait = std::max(longest_wait, m->in_flight_s);
+        }
+    }
+    if (!any_waiting) return "";
+    {
+        std::vector<std::pair<std::string, std::vector<int>>> behind, waiting;
+        auto add = [](auto& list, const std::string& key, int rank) {
+            auto it = std::find_if(list.begin(), list.end(),
+                                   [&](const auto& e) { return e.first == key; });
+            if (it == list.end())
+                list.push_back({key, {rank}});
+            else
+                it->second.push_back(rank);
+        };
+        for (const auto* m : answered) {
+            const bool waits_newest = m->in_flight && m->in_flight->seq == newest;
+            add(waits_newest ? waiting : behind, where(*m), m->world_rank);
+        }
+        std::string msg = group + ": ";
+        if (behind.empty()) {
+            msg += fmt::format("all answering ranks wait in {} for {:.1f} s",
+                               waiting.front().first.substr(8), longest_wait);
+        } else {
+            for (size_t i = 0; i < behind.size(); ++i) {
+                const bool one = behind[i].second.size() == 1;
+                std::string w = behind[i].first;
+                if (!one && w.rfind("is ", 0) == 0) w = "are " + w.substr(3);
+                if (!one && w.rfind("has ", 0) == 0) w = "have " + w.substr(4);
+                if (one && w.rfind("wait ", 0) == 0) w = "waits " + w.substr(5);
+                msg += fmt::format("{}{} {}", i == 0 ? "" : "; ", ranks_word(behind[i].second), w);
+            }
+            for (size_t i = 0; i < waiting.size(); ++i) {
+                const bool one = waiting[i].second.size() == 1;
+                std::string w = waiting[i].first;
+                if (one) w = "waits " + w.substr(5);
+                msg += fmt::format("{} {} {}", i == 0 ? " while" : ",",
+                                   ranks_word(waiting[i].second), w);
+            }
+            msg += fmt::format(" for {:.1f} s", longest_wait);
+        }
+        return msg;
+    }
 }
 
 }  // namespace
@@ -87,83 +177,16 @@ std::string diagnose(const std::string& group, const std::vector<GroupSnapshot>&
     std::vector<int> silent;
     std::vector<const GroupSnapshot*> answered;
     for (const auto& m : members) {
-        if (m.answered) answered.push_back(&m);
-        else silent.push_back(m.world_rank);
+        if (m.answered)
+            answered.push_back(&m);
+        else
+            silent.push_back(m.world_rank);
     }
-    std::vector<std::string> parts;
-
-    // Ranks inside a call with the same sequence number must agree on it.
-    std::map<uint64_t, std::vector<const GroupSnapshot*>> by_seq;
-    for (const auto* m : answered) {
-        if (m->in_flight && m->in_flight->op != CollOp::send && m->in_flight->op != CollOp::recv) {
-            by_seq[m->in_flight->seq].push_back(m);
+    std::vector<std::string> parts = mismatches(group, answered);
+    if (parts.empty()) {
+        if (std::string behind = who_is_behind(group, answered); !behind.empty()) {
+            parts.push_back(behind);
         }
-    }
-    for (const auto& [seq, ranks] : by_seq) {
-        std::vector<std::pair<Fingerprint, std::vector<int>>> calls;
-        for (const auto* m : ranks) {
-            auto it = std::find_if(calls.begin(), calls.end(),
-                                   [&](const auto& c) { return c.first.same_call(*m->in_flight); });
-            if (it == calls.end()) calls.push_back({*m->in_flight, {m->world_rank}});
-            else it->second.push_back(m->world_rank);
-        }
-        if (calls.size() < 2) continue;
-        std::string msg = fmt::format("{}: mismatch at #{}:", group, seq);
-        for (size_t i = 0; i < calls.size(); ++i) {
-            msg += fmt::format("{} {} {} {}", i == 0 ? "" : (i + 1 == calls.size() ? " while" : ","),
-                               ranks_word(calls[i].second),
-                               calls[i].second.size() == 1 ? "calls" : "call",
-                               calls[i].first.describe());
-        }
-        parts.push_back(msg + "; every rank must issue the same collectives in the same order");
-    }
-
-    // Who is behind: ranks that are not in the latest call the others wait in.
-    uint64_t newest = 0;
-    bool any_waiting = false;
-    double longest_wait = 0;
-    for (const auto* m : answered) {
-        if (m->in_flight) {
-            newest = std::max(newest, m->in_flight->seq);
-            any_waiting = true;
-            longest_wait = std::max(longest_wait, m->in_flight_s);
-        }
-    }
-    if (parts.empty() && any_waiting) {
-        std::vector<std::pair<std::string, std::vector<int>>> behind, waiting;
-        auto add = [](auto& list, const std::string& key, int rank) {
-            auto it = std::find_if(list.begin(), list.end(),
-                                   [&](const auto& e) { return e.first == key; });
-            if (it == list.end()) list.push_back({key, {rank}});
-            else it->second.push_back(rank);
-        };
-        for (const auto* m : answered) {
-            const bool waits_newest = m->in_flight && m->in_flight->seq == newest;
-            add(waits_newest ? waiting : behind, where(*m), m->world_rank);
-        }
-        std::string msg = group + ": ";
-        if (behind.empty()) {
-            msg += fmt::format("all answering ranks wait in {} for {:.1f} s",
-                               waiting.front().first.substr(8), longest_wait);
-        } else {
-            for (size_t i = 0; i < behind.size(); ++i) {
-                const bool one = behind[i].second.size() == 1;
-                std::string w = behind[i].first;
-                if (!one && w.rfind("is ", 0) == 0) w = "are " + w.substr(3);
-                if (!one && w.rfind("has ", 0) == 0) w = "have " + w.substr(4);
-                if (one && w.rfind("wait ", 0) == 0) w = "waits " + w.substr(5);
-                msg += fmt::format("{}{} {}", i == 0 ? "" : "; ", ranks_word(behind[i].second), w);
-            }
-            for (size_t i = 0; i < waiting.size(); ++i) {
-                const bool one = waiting[i].second.size() == 1;
-                std::string w = waiting[i].first;
-                if (one) w = "waits " + w.substr(5);
-                msg += fmt::format("{} {} {}", i == 0 ? " while" : ",",
-                                   ranks_word(waiting[i].second), w);
-            }
-            msg += fmt::format(" for {:.1f} s", longest_wait);
-        }
-        parts.push_back(msg);
     }
     if (!silent.empty()) {
         parts.push_back(fmt::format("{}: {} did not answer (dead, or stuck outside apiary)", group,
@@ -190,9 +213,13 @@ std::string dump_line(const std::string& group, const GroupSnapshot& s) {
 }
 
 nlohmann::json to_json(const Fingerprint& fp) {
-    return {{"seq", fp.seq},  {"op", int(fp.op)},     {"dtype", int(fp.dtype)},
-            {"count", fp.count}, {"kind", fp.tag.kind ? fp.tag.kind : ""},
-            {"id", fp.tag.id}, {"peer", fp.peer}};
+    return {{"seq", fp.seq},
+            {"op", int(fp.op)},
+            {"dtype", int(fp.dtype)},
+            {"count", fp.count},
+            {"kind", fp.tag.kind ? fp.tag.kind : ""},
+            {"id", fp.tag.id},
+            {"peer", fp.peer}};
 }
 
 Fingerprint fingerprint_from_json(const nlohmann::json& j) {
@@ -209,8 +236,8 @@ Fingerprint fingerprint_from_json(const nlohmann::json& j) {
 }
 
 nlohmann::json to_json(const GroupSnapshot& s) {
-    nlohmann::json j = {{"rank", s.world_rank}, {"in_flight_s", s.in_flight_s},
-                        {"idle_s", s.idle_s}};
+    nlohmann::json j = {
+        {"rank", s.world_rank}, {"in_flight_s", s.in_flight_s}, {"idle_s", s.idle_s}};
     if (s.in_flight) j["in_flight"] = to_json(*s.in_flight);
     if (s.last_done) j["last_done"] = to_json(*s.last_done);
     j["recent"] = nlohmann::json::array();

@@ -14,11 +14,10 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "comm/types.h"
 
@@ -40,7 +39,7 @@ struct GroupSnapshot {
 // Per rank and group: what is in flight and what completed recently.
 // Thread-safe; cheap enough to update on every call.
 class GroupMonitor {
-public:
+  public:
     static constexpr size_t kHistory = 16;
     GroupMonitor(std::string name, std::vector<int> world_ranks, int my_world_rank);
 
@@ -55,7 +54,7 @@ public:
     // Same for every member of the group on every rank: hash of name and members.
     uint64_t id() const { return id_; }
 
-private:
+  private:
     std::string name_;
     std::vector<int> world_ranks_;
     int my_world_rank_;

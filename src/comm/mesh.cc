@@ -10,9 +10,12 @@ namespace apiary::comm {
 
 const char* axis_name(Axis a) {
     switch (a) {
-        case Axis::dp: return "dp";
-        case Axis::tp: return "tp";
-        case Axis::pp: return "pp";
+        case Axis::dp:
+            return "dp";
+        case Axis::tp:
+            return "tp";
+        case Axis::pp:
+            return "pp";
     }
     return "?";
 }
@@ -37,9 +40,12 @@ std::array<Axis, 3> parse_order(const std::string& text) {
         item.erase(0, item.find_first_not_of(" \t"));
         item.erase(item.find_last_not_of(" \t") + 1);
         Axis a;
-        if (item == "dp") a = Axis::dp;
-        else if (item == "tp") a = Axis::tp;
-        else if (item == "pp") a = Axis::pp;
+        if (item == "dp")
+            a = Axis::dp;
+        else if (item == "tp")
+            a = Axis::tp;
+        else if (item == "pp")
+            a = Axis::pp;
         else {
             throw ConfigError(fmt::format(
                 "parallel.axis_order: unknown axis '{}' in '{}'; use a permutation of tp,pp,dp",
@@ -67,8 +73,8 @@ MeshShape resolve_mesh(int world_size, int dp, int tp, int pp, const std::string
     s.tp = tp;
     s.pp = pp;
     if (tp < 1 || pp < 1 || dp < 0) {
-        throw ConfigError(fmt::format("parallel: tp({}), pp({}) must be >= 1 and dp({}) >= 0",
-                                      tp, pp, dp));
+        throw ConfigError(
+            fmt::format("parallel: tp({}), pp({}) must be >= 1 and dp({}) >= 0", tp, pp, dp));
     }
     if (dp == 0) {
         if (world_size % (tp * pp) != 0) {
@@ -117,8 +123,8 @@ int rank_of(const MeshShape& shape, const MeshCoord& coord) {
 DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> world, const MeshShape& shape)
     : world_(std::move(world)), shape_(shape) {
     if (shape_.world_size() != world_->size()) {
-        throw ConfigError(fmt::format("parallel: {} != world size {}", shape_.describe(),
-                                      world_->size()));
+        throw ConfigError(
+            fmt::format("parallel: {} != world size {}", shape_.describe(), world_->size()));
     }
     coord_ = coord_of(shape_, world_->rank());
     for (Axis a : {Axis::dp, Axis::tp, Axis::pp}) {

@@ -43,7 +43,7 @@ MeshCoord coord_of(const MeshShape& shape, int world_rank);
 int rank_of(const MeshShape& shape, const MeshCoord& coord);
 
 class DeviceMesh {
-public:
+  public:
     // Collective over `world` (every rank calls it with the same shape):
     // validates the shape against the world size, then splits the dp, tp and
     // pp groups of this rank.
@@ -60,7 +60,7 @@ public:
     int tp_rank() const { return coord_.tp; }
     int pp_rank() const { return coord_.pp; }
 
-private:
+  private:
     std::shared_ptr<ProcessGroup> world_;
     MeshShape shape_;
     MeshCoord coord_;

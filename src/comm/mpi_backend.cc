@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <limits>
 
 #include "comm/mpi_internal.h"
@@ -12,10 +13,13 @@
 
 namespace apiary::comm {
 
-using detail::Engine;
-using detail::MpiWork;
-using detail::mpi_check;
+using detail::as_int;
 using detail::CallContext;
+using detail::Chunks;
+using detail::Engine;
+using detail::kRingReduceScatterBytes;
+using detail::mpi_check;
+using detail::MpiWork;
 using detail::run_front;
 
 namespace detail {
@@ -33,7 +37,8 @@ void mpi_check(int rc, const char* what, const std::string& context) {
     char text[MPI_MAX_ERROR_STRING];
     int len = 0;
     MPI_Error_string(rc, text, &len);
-    throw CommError(fmt::format("{}: {} failed: {}", context, what, std::string(text, size_t(len))));
+    throw CommError(
+        fmt::format("{}: {} failed: {}", context, what, std::string(text, size_t(len))));
 }
 
 Engine::Engine(MPI_Comm c, std::string n, const CommOptions& o)
@@ -70,9 +75,11 @@ void Engine::enqueue(const std::shared_ptr<MpiWork>& w) {
     bool wake = false;
     {
         std::lock_guard lock(mu);
-        if (stop) throw CommError(fmt::format("{}: {} after the MPI session ended", name,
-                                              w->fingerprint().describe()));
+        if (stop)
+            throw CommError(fmt::format("{}: {} after the MPI session ended", name,
+                                        w->fingerprint().describe()));
         wake = worker_cold || !queue.empty();
+        w->set_seq(seq++);
         queue.push_back(w);
         last_call = std::chrono::steady_clock::now();
     }
@@ -90,6 +97,8 @@ void run_front(Engine& e, std::unique_lock<std::mutex>& lock) {
     lock.lock();
     e.busy = false;
     if (e.waiters > 0) e.done_cv.notify_all();
+    // A worker that slept through this call is needed again only if more is queued.
+    if (!e.queue.empty()) e.worker_cv.notify_one();
 }
 
 void Engine::worker_loop() {
@@ -100,7 +109,11 @@ void Engine::worker_loop() {
             continue;
         }
         if (stop) return;
-        if (std::chrono::steady_clock::now() - last_call < kWarm) {
+        if (busy) {
+            // A waiting caller runs a call: no polling until it is done (a
+            // woken thread on a loaded machine slows that very call).
+            worker_cv.wait(lock);
+        } else if (std::chrono::steady_clock::now() - last_call < kWarm) {
             worker_cv.wait_for(lock, kPoll);
         } else {
             worker_cold = true;
@@ -141,8 +154,8 @@ void verify_match(Engine& e, const Fingerprint& fp) {
         // The watchdog ends the process once the report is out; this is the fallback.
         std::this_thread::sleep_for(std::chrono::duration<double>(30.0 + e.options.timeout_s));
     }
-    throw CommError(fmt::format("{}: ranks called different collectives at {}", e.name,
-                                fp.describe()));
+    throw CommError(
+        fmt::format("{}: ranks called different collectives at {}", e.name, fp.describe()));
 }
 
 void Engine::execute(MpiWork& w) {
@@ -177,17 +190,9 @@ namespace {
 
 MPI_Datatype mpi_type(DType dt) { return dt == DType::f32 ? MPI_FLOAT : MPI_UINT16_T; }
 
-int as_int(int64_t n, const Engine& e, const char* what) {
-    if (n < 0 || n > std::numeric_limits<int>::max()) {
-        throw CommError(fmt::format("{}: {} count {} is outside 0..2^31-1; split the call",
-                                    e.name, what, n));
-    }
-    return int(n);
-}
-
 // Work whose MPI request was started on the caller's thread (send/recv).
 class RequestWork : public Work {
-public:
+  public:
     RequestWork(Fingerprint fp, MPI_Request req, std::string context)
         : Work(fp), req_(req), context_(std::move(context)) {}
     ~RequestWork() override {
@@ -200,123 +205,13 @@ public:
     }
     void wait() override { mpi_check(MPI_Wait(&req_, MPI_STATUS_IGNORE), "MPI_Wait", context_); }
 
-private:
+  private:
     MPI_Request req_;
     std::string context_;
 };
 
-// Large messages take apiary's own ring algorithms, whose temporary chunks
-// live in the group's persistent scratch. MPI's own algorithms malloc a
-// message-sized temporary per call, and above glibc's 32 MiB mmap ceiling
-// every call then maps fresh pages and faults them in: on the VMs we run on
-// that made a 64 MiB MPI_Allreduce ~50x slower than the wire allows.
-// Where the ring starts to pay (measured with `apiary bench comm`, 2 ranks):
-// all-reduce from 16 MiB (MPI's own is as fast below, and its temporary still
-// comes from the heap), reduce-scatter from 4 MiB of input.
-constexpr int64_t kRingAllReduceBytes = int64_t(16) << 20;
-constexpr int64_t kRingReduceScatterBytes = int64_t(4) << 20;
-
-struct Chunks {
-    std::vector<int64_t> off, len;
-};
-
-// n nearly equal chunks of total elements (the first total % n get one more).
-Chunks even_chunks(int64_t total, int n) {
-    Chunks c;
-    for (int i = 0, o = 0; i < n; ++i) {
-        const int64_t l = total / n + (i < total % n ? 1 : 0);
-        c.off.push_back(o);
-        c.len.push_back(l);
-        o += int(l);
-    }
-    return c;
-}
-
-// Ring reduce-scatter: after n-1 steps this rank holds the sum of chunk
-// `rank` in out (which may alias that chunk of send; send is otherwise only
-// read). Each step forwards the partial sum received in the previous step,
-// plus this rank's contribution.
-void ring_reduce_scatter(Engine& e, const float* send, float* out, const Chunks& c,
-                         const CallContext& ctx) {
-    const int n = e.size, r = e.rank;
-    if (n == 1) {
-        if (out != send + c.off[0]) std::memmove(out, send + c.off[0], size_t(c.len[0]) * 4);
-        return;
-    }
-    const int left = (r - 1 + n) % n, right = (r + 1) % n;
-    const int64_t max_len = *std::max_element(c.len.begin(), c.len.end());
-    float* tmp = e.ring.ensure_as<float>(size_t(2 * max_len));
-    const float* outgoing = send + c.off[size_t(left)];
-    int64_t out_len = c.len[size_t(left)];
-    for (int s = 0; s < n - 1; ++s) {
-        const size_t in_chunk = size_t((r - s - 2 + 2 * n) % n);
-        float* in = tmp + (s % 2) * max_len;
-        const int64_t in_len = c.len[in_chunk];
-        mpi_check(MPI_Sendrecv(outgoing, int(out_len), MPI_FLOAT, right, 11, in, int(in_len),
-                               MPI_FLOAT, left, 11, e.comm, MPI_STATUS_IGNORE),
-                  "MPI_Sendrecv (ring reduce-scatter)", ctx);
-        const float* mine = send + c.off[in_chunk];
-        float* dst = s == n - 2 ? out : in;
-        for (int64_t i = 0; i < in_len; ++i) dst[i] = in[i] + mine[i];
-        outgoing = in;
-        out_len = in_len;
-    }
-}
-
-// Ring all-gather in place: chunk `rank` of data is this rank's; after n-1
-// steps every chunk is.
-void ring_all_gather(Engine& e, float* data, const Chunks& c, const CallContext& ctx) {
-    const int n = e.size, r = e.rank;
-    const int left = (r - 1 + n) % n, right = (r + 1) % n;
-    for (int s = 0; s < n - 1; ++s) {
-        const size_t send_chunk = size_t((r - s + n) % n), recv_chunk = size_t((r - s - 1 + n) % n);
-        mpi_check(MPI_Sendrecv(data + c.off[send_chunk], int(c.len[send_chunk]), MPI_FLOAT, right,
-                               12, data + c.off[recv_chunk], int(c.len[recv_chunk]), MPI_FLOAT,
-                               left, 12, e.comm, MPI_STATUS_IGNORE),
-                  "MPI_Sendrecv (ring all-gather)", ctx);
-    }
-}
-
-// f32 sum all-reduce of n elements in place, flat or hierarchical.
-void all_reduce_f32(Engine& e, float* data, int64_t n, const CallContext& ctx) {
-    if (!e.hierarchical.load() && n * 4 >= kRingAllReduceBytes && n / e.size < (int64_t(1) << 30)) {
-        const Chunks c = even_chunks(n, e.size);
-        ring_reduce_scatter(e, data, data + c.off[size_t(e.rank)], c, ctx);
-        ring_all_gather(e, data, c, ctx);
-        return;
-    }
-    if (!e.hierarchical.load()) {
-        constexpr int64_t kChunk = int64_t(1) << 30;  // MPI counts are int
-        for (int64_t off = 0; off < n; off += kChunk) {
-            const int c = int(std::min(kChunk, n - off));
-            mpi_check(MPI_Allreduce(MPI_IN_PLACE, data + off, c, MPI_FLOAT, MPI_SUM, e.comm),
-                      "MPI_Allreduce", ctx);
-        }
-        return;
-    }
-    int lsize = 1, lrank = 0;
-    MPI_Comm_size(e.local, &lsize);
-    MPI_Comm_rank(e.local, &lrank);
-    as_int(n, e, "hierarchical all_reduce");
-    std::vector<int> counts(static_cast<size_t>(lsize)), displs(static_cast<size_t>(lsize));
-    for (int i = 0, off = 0; i < lsize; ++i) {
-        counts[size_t(i)] = int(n / lsize + (i < n % lsize ? 1 : 0));
-        displs[size_t(i)] = off;
-        off += counts[size_t(i)];
-    }
-    const int mine = counts[size_t(lrank)];
-    float* shard = e.shard.ensure_as<float>(size_t(std::max(mine, 1)));
-    mpi_check(MPI_Reduce_scatter(data, shard, counts.data(), MPI_FLOAT, MPI_SUM, e.local),
-              "MPI_Reduce_scatter (node-local)", ctx);
-    mpi_check(MPI_Allreduce(MPI_IN_PLACE, shard, mine, MPI_FLOAT, MPI_SUM, e.cross),
-              "MPI_Allreduce (inter-node)", ctx);
-    mpi_check(MPI_Allgatherv(shard, mine, MPI_FLOAT, data, counts.data(), displs.data(),
-                             MPI_FLOAT, e.local),
-              "MPI_Allgatherv (node-local)", ctx);
-}
-
 class MpiGroup : public ProcessGroup {
-public:
+  public:
     explicit MpiGroup(std::shared_ptr<Engine> e)
         : ProcessGroup(e->rank, e->size, e->name, e->world_ranks), e_(std::move(e)) {}
     ~MpiGroup() override { e_->shutdown(); }
@@ -325,17 +220,18 @@ public:
 
     WorkHandle all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, Tag tag) override {
         check_reducible(dt);
-        return submit({CollOp::all_reduce, dt, count, tag}, [e = e_.get(), buf, count, dt, op](
-                                                                 const CallContext& ctx) {
-            float* data = static_cast<float*>(buf);
-            if (dt == DType::bf16) {
-                data = e->scratch.ensure_as<float>(size_t(count));
-                bf16_to_f32(static_cast<const uint16_t*>(buf), data, count);
-            }
-            all_reduce_f32(*e, data, count, ctx);
-            if (op == ReduceOp::avg) scale_f32(data, count, 1.0f / float(e->size));
-            if (dt == DType::bf16) f32_to_bf16(data, static_cast<uint16_t*>(buf), count);
-        });
+        return submit({CollOp::all_reduce, dt, count, tag},
+                      [e = e_.get(), buf, count, dt, op](const CallContext& ctx) {
+                          float* data = static_cast<float*>(buf);
+                          if (dt == DType::bf16) {
+                              data = e->scratch.ensure_as<float>(size_t(count));
+                              bf16_to_f32(static_cast<const uint16_t*>(buf), data, count);
+                          }
+                          all_reduce_f32(*e, data, count, ctx);
+                          if (op == ReduceOp::avg) scale_f32(data, count, 1.0f / float(e->size));
+                          if (dt == DType::bf16)
+                              f32_to_bf16(data, static_cast<uint16_t*>(buf), count);
+                      });
     }
 
     WorkHandle reduce_scatter(const void* send, void* recv, int64_t recv_count, DType dt,
@@ -345,36 +241,39 @@ public:
         as_int(recv_count * size(), *e_, "reduce_scatter");
         return submit({CollOp::reduce_scatter, dt, recv_count, tag},
                       [e = e_.get(), send, recv, n, dt, op](const CallContext& ctx) {
-            const size_t total = size_t(n) * size_t(e->size);
-            const float* in = static_cast<const float*>(send);
-            float* out = static_cast<float*>(recv);
-            if (dt == DType::bf16) {
-                // Sum in f32: widen everything, reduce, round our block once at the end.
-                float* wide = e->scratch.ensure_as<float>(total);
-                bf16_to_f32(static_cast<const uint16_t*>(send), wide, int64_t(total));
-                in = wide;
-                out = wide + size_t(n) * size_t(e->rank);
-            }
-            if (int64_t(total) * 4 >= kRingReduceScatterBytes) {
-                Chunks c;
-                for (int i = 0; i < e->size; ++i) {
-                    c.off.push_back(int64_t(i) * n);
-                    c.len.push_back(n);
-                }
-                ring_reduce_scatter(*e, in, out, c, ctx);
-            } else if (out == in + size_t(n) * size_t(e->rank)) {
-                // In place: MPI leaves the result at the front of the buffer.
-                float* whole = const_cast<float*>(in);
-                mpi_check(MPI_Reduce_scatter_block(MPI_IN_PLACE, whole, n, MPI_FLOAT, MPI_SUM,
-                                                   e->comm), "MPI_Reduce_scatter_block", ctx);
-                if (out != whole) std::memmove(out, whole, size_t(n) * sizeof(float));
-            } else {
-                mpi_check(MPI_Reduce_scatter_block(in, out, n, MPI_FLOAT, MPI_SUM, e->comm),
-                          "MPI_Reduce_scatter_block", ctx);
-            }
-            if (op == ReduceOp::avg) scale_f32(out, n, 1.0f / float(e->size));
-            if (dt == DType::bf16) f32_to_bf16(out, static_cast<uint16_t*>(recv), n);
-        });
+                          const size_t total = size_t(n) * size_t(e->size);
+                          const float* in = static_cast<const float*>(send);
+                          float* out = static_cast<float*>(recv);
+                          if (dt == DType::bf16) {
+                              // Sum in f32: widen everything, reduce, round our block once at the
+                              // end.
+                              float* wide = e->scratch.ensure_as<float>(total);
+                              bf16_to_f32(static_cast<const uint16_t*>(send), wide, int64_t(total));
+                              in = wide;
+                              out = wide + size_t(n) * size_t(e->rank);
+                          }
+                          if (int64_t(total) * 4 >= kRingReduceScatterBytes) {
+                              Chunks c;
+                              for (int i = 0; i < e->size; ++i) {
+                                  c.off.push_back(int64_t(i) * n);
+                                  c.len.push_back(n);
+                              }
+                              ring_reduce_scatter(*e, in, out, c, ctx);
+                          } else if (out == in + size_t(n) * size_t(e->rank)) {
+                              // In place: MPI leaves the result at the front of the buffer.
+                              float* whole = const_cast<float*>(in);
+                              mpi_check(MPI_Reduce_scatter_block(MPI_IN_PLACE, whole, n, MPI_FLOAT,
+                                                                 MPI_SUM, e->comm),
+                                        "MPI_Reduce_scatter_block", ctx);
+                              if (out != whole) std::memmove(out, whole, size_t(n) * sizeof(float));
+                          } else {
+                              mpi_check(
+                                  MPI_Reduce_scatter_block(in, out, n, MPI_FLOAT, MPI_SUM, e->comm),
+                                  "MPI_Reduce_scatter_block", ctx);
+                          }
+                          if (op == ReduceOp::avg) scale_f32(out, n, 1.0f / float(e->size));
+                          if (dt == DType::bf16) f32_to_bf16(out, static_cast<uint16_t*>(recv), n);
+                      });
     }
 
     WorkHandle all_gather(const void* send, void* recv, int64_t send_count, DType dt,
@@ -383,29 +282,29 @@ public:
         as_int(send_count * size(), *e_, "all_gather");
         return submit({CollOp::all_gather, dt, send_count, tag},
                       [e = e_.get(), send, recv, n, dt](const CallContext& ctx) {
-            const size_t block = size_t(n) * core::dtype_size(dt);
-            const bool in_place = static_cast<const char*>(send) ==
-                                  static_cast<char*>(recv) + block * size_t(e->rank);
-            mpi_check(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, mpi_type(dt), recv, n,
-                                    mpi_type(dt), e->comm), "MPI_Allgather", ctx);
-        });
+                          const size_t block = size_t(n) * core::dtype_size(dt);
+                          const bool in_place = static_cast<const char*>(send) ==
+                                                static_cast<char*>(recv) + block * size_t(e->rank);
+                          mpi_check(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, mpi_type(dt),
+                                                  recv, n, mpi_type(dt), e->comm),
+                                    "MPI_Allgather", ctx);
+                      });
     }
 
     WorkHandle broadcast(void* buf, int64_t count, DType dt, int root, Tag tag) override {
         check_peer(root);
         const int n = as_int(count, *e_, "broadcast");
-        return submit({CollOp::broadcast, dt, count, tag, root},
-                      [e = e_.get(), buf, n, dt, root](const CallContext& ctx) {
+        return submit({CollOp::broadcast, dt, count, tag, root}, [e = e_.get(), buf, n, dt,
+                                                                  root](const CallContext& ctx) {
             mpi_check(MPI_Bcast(buf, n, mpi_type(dt), root, e->comm), "MPI_Bcast", ctx);
         });
     }
 
-    WorkHandle all_to_all(const void* send, void* recv, int64_t count, DType dt,
-                          Tag tag) override {
+    WorkHandle all_to_all(const void* send, void* recv, int64_t count, DType dt, Tag tag) override {
         const int n = as_int(count, *e_, "all_to_all");
         as_int(count * size(), *e_, "all_to_all");
-        return submit({CollOp::all_to_all, dt, count, tag},
-                      [e = e_.get(), send, recv, n, dt](const CallContext& ctx) {
+        return submit({CollOp::all_to_all, dt, count, tag}, [e = e_.get(), send, recv, n,
+                                                             dt](const CallContext& ctx) {
             mpi_check(MPI_Alltoall(send, n, mpi_type(dt), recv, n, mpi_type(dt), e->comm),
                       "MPI_Alltoall", ctx);
         });
@@ -432,15 +331,16 @@ public:
     }
 
     WorkHandle barrier(Tag tag) override {
-        return submit({CollOp::barrier, DType::f32, 0, tag}, [e = e_.get()](const CallContext& ctx) {
-            mpi_check(MPI_Barrier(e->comm), "MPI_Barrier", ctx);
-        });
+        return submit({CollOp::barrier, DType::f32, 0, tag},
+                      [e = e_.get()](const CallContext& ctx) {
+                          mpi_check(MPI_Barrier(e->comm), "MPI_Barrier", ctx);
+                      });
     }
 
     std::shared_ptr<ProcessGroup> split(int color, int key, const std::string& name) override {
         MPI_Comm child = MPI_COMM_NULL;
-        submit({CollOp::split, DType::f32, 0, Tag{}}, [e = e_.get(), color, key, &child](
-                                                          const CallContext& ctx) {
+        submit({CollOp::split, DType::f32, 0, Tag{}}, [e = e_.get(), color, key,
+                                                       &child](const CallContext& ctx) {
             mpi_check(MPI_Comm_split(e->comm, color < 0 ? MPI_UNDEFINED : color, key, &child),
                       "MPI_Comm_split", ctx);
         })->wait();
@@ -466,7 +366,7 @@ public:
         e_->shard.ensure(bytes);
     }
 
-private:
+  private:
     void check_reducible(DType dt) const {
         if (dt == DType::f16) {
             throw CommError(fmt::format("{}: reductions support f32 and bf16, not f16", name()));
@@ -474,13 +374,13 @@ private:
     }
     void check_peer(int r) const {
         if (r < 0 || r >= size()) {
-            throw CommError(fmt::format("{}: peer rank {} is outside 0..{}", name(), r, size() - 1));
+            throw CommError(
+                fmt::format("{}: peer rank {} is outside 0..{}", name(), r, size() - 1));
         }
     }
 
     template <class Fn>
     WorkHandle submit(Fingerprint fp, Fn fn) {
-        fp.seq = e_->seq++;
         std::shared_ptr<MpiWork> w = std::make_shared<detail::MpiWorkFn<Fn>>(fp, e_, std::move(fn));
         e_->enqueue(w);
         return w;
@@ -505,16 +405,17 @@ void set_hierarchical(ProcessGroup& group, bool enable, int nodes_hint) {
         const std::string ctx = e.name + ": building node communicators";
         if (nodes_hint > 0) {
             if (e.size % nodes_hint != 0) {
-                throw ConfigError(fmt::format(
-                    "comm.nodes_hint: {} ranks in {} do not split into {} equal nodes", e.size,
-                    e.name, nodes_hint));
+                throw ConfigError(
+                    fmt::format("comm.nodes_hint: {} ranks in {} do not split into {} equal nodes",
+                                e.size, e.name, nodes_hint));
             }
             const int per_node = e.size / nodes_hint;
-            mpi_check(MPI_Comm_split(e.comm, e.rank / per_node, e.rank, &e.local),
-                      "MPI_Comm_split", ctx);
+            mpi_check(MPI_Comm_split(e.comm, e.rank / per_node, e.rank, &e.local), "MPI_Comm_split",
+                      ctx);
         } else {
-            mpi_check(MPI_Comm_split_type(e.comm, MPI_COMM_TYPE_SHARED, e.rank, MPI_INFO_NULL,
-                                          &e.local), "MPI_Comm_split_type", ctx);
+            mpi_check(
+                MPI_Comm_split_type(e.comm, MPI_COMM_TYPE_SHARED, e.rank, MPI_INFO_NULL, &e.local),
+                "MPI_Comm_split_type", ctx);
         }
         int lrank = 0, lsize = 0;
         MPI_Comm_rank(e.local, &lrank);
@@ -552,7 +453,8 @@ void abort_mpi(int code) {
     if (inited && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
 }
 
-MpiSession::MpiSession(const CommOptions& options) {
+MpiSession::MpiSession(const CommOptions& options)
+    : uncaught_at_start_(std::uncaught_exceptions()) {
     int inited = 0, provided = 0;
     MPI_Initialized(&inited);
     if (!inited) {
@@ -564,7 +466,8 @@ MpiSession::MpiSession(const CommOptions& options) {
     if (provided < MPI_THREAD_MULTIPLE) {
         throw CommError(fmt::format(
             "the MPI library gives thread level {}, apiary needs MPI_THREAD_MULTIPLE (OpenMPI "
-            "from Debian has it; check `ompi_info | grep THREAD_MULTIPLE`)", provided));
+            "from Debian has it; check `ompi_info | grep THREAD_MULTIPLE`)",
+            provided));
     }
     detail::set_watchdog(new detail::Watchdog(options.timeout_s));
     MPI_Comm comm;
@@ -574,6 +477,14 @@ MpiSession::MpiSession(const CommOptions& options) {
 }
 
 MpiSession::~MpiSession() {
+    if (std::uncaught_exceptions() > uncaught_at_start_) {
+        // An error is on its way to cli/main.cc, which prints it and aborts
+        // every rank through the abort hook. The finalize barrier or
+        // MPI_Finalize here would wait for peers that are not coming, and
+        // would bury this rank's message under a watchdog report.
+        world_.reset();
+        return;
+    }
     try {
         // Watched and checked like any collective: a rank that skipped a call
         // meets its peers here, and the watchdog names it instead of MPI_Finalize hanging.

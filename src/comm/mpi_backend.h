@@ -27,9 +27,11 @@ namespace apiary::comm {
 // One per process: initialises MPI (or joins an MPI already initialised with
 // MPI_THREAD_MULTIPLE), starts the watchdog, and on destruction drains every
 // group, passes a final watched barrier (so a rank that skipped a collective is
-// reported, not left hanging in MPI_Finalize) and finalises MPI.
+// reported, not left hanging in MPI_Finalize) and finalises MPI. Destroyed by
+// an exception, it does neither: the error reaches cli/main.cc, which prints
+// it and aborts every rank (set cli::set_abort_hook to comm::abort_mpi).
 class MpiSession {
-public:
+  public:
     explicit MpiSession(const CommOptions& options);
     ~MpiSession();
     MpiSession(const MpiSession&) = delete;
@@ -39,7 +41,8 @@ public:
     // applies to it and to every group split from it.
     std::shared_ptr<ProcessGroup> world() const { return world_; }
 
-private:
+  private:
+    int uncaught_at_start_ = 0;
     std::shared_ptr<ProcessGroup> world_;
     bool owns_mpi_ = false;
 };

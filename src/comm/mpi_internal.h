@@ -66,7 +66,8 @@ struct Engine {
     int waiters = 0;
     std::chrono::steady_clock::time_point last_call{};
     std::thread worker;
-    uint64_t seq = 0, p2p_seq = 0;
+    uint64_t seq = 0;                  // guarded by mu
+    std::atomic<uint64_t> p2p_seq{0};  // send/recv are numbered apart: peers differ
 
     // Used only by the thread executing a call (busy guards them).
     ScratchBuffer scratch;  // f32 copy of bf16 data
@@ -88,7 +89,7 @@ struct Engine {
 void run_front(Engine& e, std::unique_lock<std::mutex>& lock);
 
 class MpiWork : public Work {
-public:
+  public:
     MpiWork(Fingerprint fp, std::shared_ptr<Engine> engine)
         : Work(fp), engine_(std::move(engine)) {}
     bool test() override;
@@ -98,22 +99,24 @@ public:
     std::atomic<int> state{kQueued};
     std::string error;
 
+    // Numbered under the group's lock, so threads may issue concurrently.
+    void set_seq(uint64_t seq) { fp_.seq = seq; }
     // The MPI calls of this collective; run by whichever thread executes it.
     virtual void run(const CallContext& ctx) = 0;
 
-private:
+  private:
     std::shared_ptr<Engine> engine_;
 };
 
 // The call's closure lives inside the Work: one allocation per call.
 template <class Fn>
 class MpiWorkFn final : public MpiWork {
-public:
+  public:
     MpiWorkFn(Fingerprint fp, std::shared_ptr<Engine> engine, Fn fn)
         : MpiWork(fp, std::move(engine)), fn_(std::move(fn)) {}
     void run(const CallContext& ctx) override { fn_(ctx); }
 
-private:
+  private:
     Fn fn_;
 };
 
@@ -121,7 +124,7 @@ private:
 // communicator that nothing else uses, so it still works while the main
 // communicators are blocked inside a collective).
 class Watchdog {
-public:
+  public:
     Watchdog(double timeout_s);
     ~Watchdog();
     void watch(const std::shared_ptr<GroupMonitor>& monitor);
@@ -129,7 +132,7 @@ public:
     void raise(uint64_t group_id, int reason);
     static constexpr int kTimeout = 1, kMismatch = 2;
 
-private:
+  private:
     void loop();
     [[noreturn]] void report(uint64_t group_id, int origin, int reason);
     MPI_Comm side_ = MPI_COMM_NULL;
@@ -142,6 +145,29 @@ private:
     std::atomic<int> raised_reason_{0};
     std::thread thread_;
 };
+
+// ---- algorithms (mpi_algorithms.cc), run by the thread executing a call ----
+
+// MPI counts are int: throws CommError naming the group if n does not fit.
+int as_int(int64_t n, const Engine& e, const char* what);
+
+// Where apiary's own ring algorithms take over from MPI's (see mpi_algorithms.cc).
+constexpr int64_t kRingAllReduceBytes = int64_t(32) << 20;
+constexpr int64_t kRingReduceScatterBytes = int64_t(4) << 20;
+
+// A partition of a buffer into one chunk per rank (element offsets, lengths).
+struct Chunks {
+    std::vector<int64_t> off, len;
+};
+Chunks even_chunks(int64_t total, int n);
+// Sum of chunk `rank` over all ranks into out (may alias that chunk of send;
+// send is otherwise only read).
+void ring_reduce_scatter(Engine& e, const float* send, float* out, const Chunks& c,
+                         const CallContext& ctx);
+// Chunk `rank` of data is this rank's; afterwards every chunk is.
+void ring_all_gather(Engine& e, float* data, const Chunks& c, const CallContext& ctx);
+// In-place f32 sum: MPI_Allreduce, the ring, or hierarchical (per e.hierarchical).
+void all_reduce_f32(Engine& e, float* data, int64_t n, const CallContext& ctx);
 
 Watchdog* watchdog();
 void set_watchdog(Watchdog* w);

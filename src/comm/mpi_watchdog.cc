@@ -31,9 +31,7 @@ constexpr double kExchangeSeconds = 10.0;
 
 Watchdog* g_watchdog = nullptr;
 
-double now_s() {
-    return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
 void say(const std::string& line) {
     // One write per line so that lines of different ranks do not interleave.
@@ -125,8 +123,10 @@ void Watchdog::report(uint64_t group_id, int origin, int reason) {
             auto m = weak.lock();
             if (!m) continue;
             const GroupSnapshot s = m->snapshot();
-            mine["groups"].push_back({{"id", m->id()}, {"name", m->name()},
-                                      {"members", m->world_ranks()}, {"state", to_json(s)}});
+            mine["groups"].push_back({{"id", m->id()},
+                                      {"name", m->name()},
+                                      {"members", m->world_ranks()},
+                                      {"state", to_json(s)}});
             if (m->id() == group_id || s.in_flight) say(dump_line(m->name(), s));
         }
     }
@@ -141,7 +141,7 @@ void Watchdog::report(uint64_t group_id, int origin, int reason) {
         MPI_Irecv(&done, 1, MPI_CHAR, 0, kTagDone, side_, &done_req);
         if (!wait_until(&done_req, deadline + kExchangeSeconds)) {
             say(fmt::format("rank {}: rank 0 sent no report (dead or stuck); see the lines above",
-                           world_rank_));
+                            world_rank_));
         }
         std::fflush(nullptr);
         std::_Exit(1);

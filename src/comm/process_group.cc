@@ -48,8 +48,8 @@ void check_config_hash(ProcessGroup& world, uint64_t hash) {
         "config differs between ranks: {} {} {} config hash {:016x} but rank {} has {:016x} "
         "(seen on rank {}); start every rank with the same config file and --set flags",
         differ.size() == 1 ? "rank" : "ranks", format_ranks(differ),
-        differ.size() == 1 ? "has" : "have (the first)", all[first], world.world_ranks()[0],
-        all[0], world.world_ranks()[size_t(world.rank())]));
+        differ.size() == 1 ? "has" : "have (the first)", all[first], world.world_ranks()[0], all[0],
+        world.world_ranks()[size_t(world.rank())]));
 }
 
 }  // namespace apiary::comm

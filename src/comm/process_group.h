@@ -26,7 +26,7 @@
 namespace apiary::comm {
 
 class Work {
-public:
+  public:
     explicit Work(Fingerprint fp) : fp_(fp) {}
     virtual ~Work() = default;
     Work(const Work&) = delete;
@@ -39,7 +39,7 @@ public:
     virtual void wait() = 0;
     const Fingerprint& fingerprint() const { return fp_; }
 
-protected:
+  protected:
     Fingerprint fp_;
 };
 using WorkHandle = std::shared_ptr<Work>;
@@ -48,7 +48,7 @@ using WorkHandle = std::shared_ptr<Work>;
 void wait_all(const std::vector<WorkHandle>& works);
 
 class ProcessGroup {
-public:
+  public:
     virtual ~ProcessGroup() = default;
 
     int rank() const { return rank_; }
@@ -66,20 +66,18 @@ public:
     // send (size * recv_count) is reduced; rank r receives block r in recv
     // (recv_count). recv may be send's own block (send + rank * recv_count):
     // then the other blocks of send are left undefined.
-    virtual WorkHandle reduce_scatter(const void* send, void* recv, int64_t recv_count,
-                                      DType dtype, ReduceOp op, Tag tag = {}) = 0;
+    virtual WorkHandle reduce_scatter(const void* send, void* recv, int64_t recv_count, DType dtype,
+                                      ReduceOp op, Tag tag = {}) = 0;
     // Every rank's send (send_count) lands at block r of recv (size * send_count).
     // send may be recv's own block (recv + rank * send_count).
     virtual WorkHandle all_gather(const void* send, void* recv, int64_t send_count, DType dtype,
                                   Tag tag = {}) = 0;
-    virtual WorkHandle broadcast(void* buf, int64_t count, DType dtype, int root,
-                                 Tag tag = {}) = 0;
+    virtual WorkHandle broadcast(void* buf, int64_t count, DType dtype, int root, Tag tag = {}) = 0;
     // Block j of send (count_per_rank) goes to rank j; block i of recv comes
     // from rank i. send and recv must not overlap.
-    virtual WorkHandle all_to_all(const void* send, void* recv, int64_t count_per_rank,
-                                  DType dtype, Tag tag = {}) = 0;
-    virtual WorkHandle send(const void* buf, int64_t count, DType dtype, int dst,
-                            Tag tag = {}) = 0;
+    virtual WorkHandle all_to_all(const void* send, void* recv, int64_t count_per_rank, DType dtype,
+                                  Tag tag = {}) = 0;
+    virtual WorkHandle send(const void* buf, int64_t count, DType dtype, int dst, Tag tag = {}) = 0;
     virtual WorkHandle recv(void* buf, int64_t count, DType dtype, int src, Tag tag = {}) = 0;
     virtual WorkHandle barrier(Tag tag = {}) = 0;
 
@@ -92,11 +90,11 @@ public:
     // the step loop.
     virtual void reserve_scratch(size_t bytes) = 0;
 
-protected:
+  protected:
     ProcessGroup(int rank, int size, std::string name, std::vector<int> world_ranks)
         : rank_(rank), size_(size), name_(std::move(name)), world_ranks_(std::move(world_ranks)) {}
 
-private:
+  private:
     int rank_;
     int size_;
     std::string name_;

@@ -30,8 +30,11 @@ struct Shared {
         int color = 0, key = 0;
     };
     Shared(std::string n, std::vector<int> wr, ThreadWorldOptions o)
-        : name(std::move(n)), world_ranks(std::move(wr)), options(o),
-          slots(world_ranks.size()), monitors(world_ranks.size(), nullptr) {}
+        : name(std::move(n)),
+          world_ranks(std::move(wr)),
+          options(o),
+          slots(world_ranks.size()),
+          monitors(world_ranks.size(), nullptr) {}
 
     std::string name;
     std::vector<int> world_ranks;
@@ -43,7 +46,7 @@ struct Shared {
     int arrived = 0;
     uint64_t generation = 0;
     std::string failure;  // non-empty: the group is broken
-    std::map<std::pair<int, int>, std::deque<std::vector<char>>> mail;  // (src, dst)
+    std::map<std::pair<int, int>, std::deque<std::vector<char>>> mail;     // (src, dst)
     std::map<std::pair<uint64_t, int>, std::shared_ptr<Shared>> children;  // (seq, color)
 };
 
@@ -62,7 +65,7 @@ std::string diagnose_locked(Shared& sh) {
 }
 
 class DoneWork : public Work {
-public:
+  public:
     using Work::Work;
     bool test() override { return true; }
     void wait() override {}
@@ -71,13 +74,13 @@ public:
 class ThreadGroup;
 
 class RecvWork : public Work {
-public:
+  public:
     RecvWork(Fingerprint fp, std::shared_ptr<Shared> sh, int src, int dst, void* buf, size_t n)
         : Work(fp), sh_(std::move(sh)), src_(src), dst_(dst), buf_(buf), bytes_(n) {}
     bool test() override { return take(false); }
     void wait() override { take(true); }
 
-private:
+  private:
     bool take(bool block) {
         if (done_) return true;
         std::unique_lock lock(sh_->mu);
@@ -86,10 +89,10 @@ private:
         while (box.empty() && sh_->failure.empty()) {
             if (!block) return false;
             if (sh_->cv.wait_until(lock, deadline) == std::cv_status::timeout && box.empty()) {
-                sh_->failure = fmt::format("{}: rank {} waits in {} for {:.1f} s; rank {} never sent",
-                                           sh_->name, sh_->world_ranks[size_t(dst_)],
-                                           fp_.describe(), sh_->options.timeout_s,
-                                           sh_->world_ranks[size_t(src_)]);
+                sh_->failure =
+                    fmt::format("{}: rank {} waits in {} for {:.1f} s; rank {} never sent",
+                                sh_->name, sh_->world_ranks[size_t(dst_)], fp_.describe(),
+                                sh_->options.timeout_s, sh_->world_ranks[size_t(src_)]);
                 sh_->cv.notify_all();
             }
         }
@@ -113,10 +116,11 @@ private:
 };
 
 class ThreadGroup : public ProcessGroup {
-public:
+  public:
     ThreadGroup(std::shared_ptr<Shared> sh, int rank)
         : ProcessGroup(rank, int(sh->world_ranks.size()), sh->name, sh->world_ranks),
-          sh_(std::move(sh)), monitor_(sh_->name, sh_->world_ranks, sh_->world_ranks[size_t(rank)]) {
+          sh_(std::move(sh)),
+          monitor_(sh_->name, sh_->world_ranks, sh_->world_ranks[size_t(rank)]) {
         std::lock_guard lock(sh_->mu);
         sh_->monitors[size_t(rank)] = &monitor_;
     }
@@ -128,7 +132,8 @@ public:
     WorkHandle all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, Tag tag) override {
         check_reducible(dt);
         return collective({CollOp::all_reduce, dt, count, tag}, buf, buf, [&](auto& slots) {
-            float* acc = sum_f32(slots, count, dt, [](const Shared::Slot& s) { return s.recv; }, 0);
+            float* acc = sum_f32(
+                slots, count, dt, [](const Shared::Slot& s) { return s.recv; }, 0);
             return [=, this] { store(acc, buf, count, dt, op); };
         });
     }
@@ -137,11 +142,12 @@ public:
                               ReduceOp op, Tag tag) override {
         check_reducible(dt);
         const size_t offset = bytes_of(recv_count * rank(), dt);
-        return collective({CollOp::reduce_scatter, dt, recv_count, tag}, send, recv, [&](auto& slots) {
-            float* acc = sum_f32(slots, recv_count, dt, [](const Shared::Slot& s) { return s.send; },
-                                 offset);
-            return [=, this] { store(acc, recv, recv_count, dt, op); };
-        });
+        return collective(
+            {CollOp::reduce_scatter, dt, recv_count, tag}, send, recv, [&](auto& slots) {
+                float* acc = sum_f32(
+                    slots, recv_count, dt, [](const Shared::Slot& s) { return s.send; }, offset);
+                return [=, this] { store(acc, recv, recv_count, dt, op); };
+            });
     }
 
     WorkHandle all_gather(const void* send, void* recv, int64_t send_count, DType dt,
@@ -166,8 +172,7 @@ public:
         });
     }
 
-    WorkHandle all_to_all(const void* send, void* recv, int64_t count, DType dt,
-                          Tag tag) override {
+    WorkHandle all_to_all(const void* send, void* recv, int64_t count, DType dt, Tag tag) override {
         const size_t block = bytes_of(count, dt);
         return collective({CollOp::all_to_all, dt, count, tag}, send, recv, [&](auto& slots) {
             char* tmp = static_cast<char*>(scratch_.ensure(block * size_t(size())));
@@ -205,30 +210,33 @@ public:
         std::shared_ptr<Shared> child;
         int child_rank = -1;
         const uint64_t seq = seq_;
-        collective({CollOp::split, DType::f32, 0, Tag{}}, nullptr, nullptr,
-                   [](auto&) { return [] {}; }, [&](auto& slots) {
-            if (color < 0) return;
-            std::vector<std::pair<int, int>> members;  // (key, rank)
-            for (int r = 0; r < size(); ++r) {
-                if (slots[size_t(r)].color == color) members.push_back({slots[size_t(r)].key, r});
-            }
-            std::sort(members.begin(), members.end());
-            std::vector<int> world;
-            for (size_t i = 0; i < members.size(); ++i) {
-                world.push_back(world_ranks()[size_t(members[i].second)]);
-                if (members[i].second == rank()) child_rank = int(i);
-            }
-            auto& c = sh_->children[{seq, color}];
-            if (!c) c = std::make_shared<Shared>(name, world, sh_->options);
-            child = c;
-        }, color, key);
+        collective(
+            {CollOp::split, DType::f32, 0, Tag{}}, nullptr, nullptr, [](auto&) { return [] {}; },
+            [&](auto& slots) {
+                if (color < 0) return;
+                std::vector<std::pair<int, int>> members;  // (key, rank)
+                for (int r = 0; r < size(); ++r) {
+                    if (slots[size_t(r)].color == color)
+                        members.push_back({slots[size_t(r)].key, r});
+                }
+                std::sort(members.begin(), members.end());
+                std::vector<int> world;
+                for (size_t i = 0; i < members.size(); ++i) {
+                    world.push_back(world_ranks()[size_t(members[i].second)]);
+                    if (members[i].second == rank()) child_rank = int(i);
+                }
+                auto& c = sh_->children[{seq, color}];
+                if (!c) c = std::make_shared<Shared>(name, world, sh_->options);
+                child = c;
+            },
+            color, key);
         if (!child) return nullptr;
         return std::make_shared<ThreadGroup>(child, child_rank);
     }
 
     void reserve_scratch(size_t bytes) override { scratch_.ensure(bytes); }
 
-private:
+  private:
     void check_reducible(DType dt) const {
         if (dt == DType::f16) {
             throw CommError(fmt::format("{}: reductions support f32 and bf16, not f16", name()));
@@ -236,7 +244,8 @@ private:
     }
     void check_peer(int r) const {
         if (r < 0 || r >= size()) {
-            throw CommError(fmt::format("{}: peer rank {} is outside 0..{}", name(), r, size() - 1));
+            throw CommError(
+                fmt::format("{}: peer rank {} is outside 0..{}", name(), r, size() - 1));
         }
     }
 
@@ -249,15 +258,19 @@ private:
         std::memset(acc, 0, size_t(count) * sizeof(float));
         for (const auto& s : slots) {
             const char* in = static_cast<const char*>(pick(s)) + offset;
-            if (dt == DType::f32) add_into(acc, reinterpret_cast<const float*>(in), count);
-            else add_bf16_into(acc, reinterpret_cast<const uint16_t*>(in), count);
+            if (dt == DType::f32)
+                add_into(acc, reinterpret_cast<const float*>(in), count);
+            else
+                add_bf16_into(acc, reinterpret_cast<const uint16_t*>(in), count);
         }
         return acc;
     }
     void store(float* acc, void* out, int64_t count, DType dt, ReduceOp op) {
         if (op == ReduceOp::avg) scale_f32(acc, count, 1.0f / float(size()));
-        if (dt == DType::f32) std::memcpy(out, acc, size_t(count) * 4);
-        else f32_to_bf16(acc, static_cast<uint16_t*>(out), count);
+        if (dt == DType::f32)
+            std::memcpy(out, acc, size_t(count) * 4);
+        else
+            f32_to_bf16(acc, static_cast<uint16_t*>(out), count);
     }
 
     // Rendezvous of every rank: post, barrier, check the fingerprints, compute
@@ -319,7 +332,8 @@ private:
         while (sh_->generation == gen && sh_->failure.empty()) {
             if (sh_->cv.wait_until(lock, deadline) == std::cv_status::timeout &&
                 sh_->generation == gen && sh_->failure.empty()) {
-                sh_->failure = "timeout after " + fmt::format("{:.1f} s: ", sh_->options.timeout_s) +
+                sh_->failure = "timeout after " +
+                               fmt::format("{:.1f} s: ", sh_->options.timeout_s) +
                                diagnose_locked(*sh_);
                 sh_->cv.notify_all();
             }

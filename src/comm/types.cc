@@ -9,15 +9,24 @@ namespace apiary::comm {
 
 const char* op_name(CollOp op) {
     switch (op) {
-        case CollOp::all_reduce: return "all_reduce";
-        case CollOp::reduce_scatter: return "reduce_scatter";
-        case CollOp::all_gather: return "all_gather";
-        case CollOp::broadcast: return "broadcast";
-        case CollOp::all_to_all: return "all_to_all";
-        case CollOp::send: return "send";
-        case CollOp::recv: return "recv";
-        case CollOp::barrier: return "barrier";
-        case CollOp::split: return "split";
+        case CollOp::all_reduce:
+            return "all_reduce";
+        case CollOp::reduce_scatter:
+            return "reduce_scatter";
+        case CollOp::all_gather:
+            return "all_gather";
+        case CollOp::broadcast:
+            return "broadcast";
+        case CollOp::all_to_all:
+            return "all_to_all";
+        case CollOp::send:
+            return "send";
+        case CollOp::recv:
+            return "recv";
+        case CollOp::barrier:
+            return "barrier";
+        case CollOp::split:
+            return "split";
     }
     return "?";
 }
@@ -43,8 +52,8 @@ std::string Fingerprint::describe() const {
 uint64_t Fingerprint::hash() const {
     // The tag kind takes part by content, so two binaries agree on it.
     const std::string kind = tag.kind ? tag.kind : "";
-    const std::string key = fmt::format("{}|{}|{}|{}|{}|{}", int(op), int(dtype), count, kind,
-                                        tag.id, peer);
+    const std::string key =
+        fmt::format("{}|{}|{}|{}|{}|{}", int(op), int(dtype), count, kind, tag.id, peer);
     return XXH64(key.data(), key.size(), 0x61706961);
 }
 

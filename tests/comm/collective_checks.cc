@@ -60,8 +60,8 @@ void check_reduce_scatter(ProcessGroup& g, DType dt, bool in_place, int64_t coun
     Buf send(dt, total), recv(dt, count);
     send.fill([&](int64_t i) { return value(g.rank(), i); });
     const size_t esz = core::dtype_size(dt);
-    void* out = in_place ? static_cast<char*>(send.data()) + esz * size_t(count * g.rank())
-                         : recv.data();
+    void* out =
+        in_place ? static_cast<char*>(send.data()) + esz * size_t(count * g.rank()) : recv.data();
     g.reduce_scatter(send.data(), out, count, dt, ReduceOp::sum)->wait();
     const float ranks_sum = float(g.size() * (g.size() + 1) / 2);
     for (int64_t i = 0; i < count; ++i) {
@@ -77,7 +77,8 @@ void check_all_gather(ProcessGroup& g, DType dt, bool in_place, int64_t count) {
     send.fill([&](int64_t i) { return value(g.rank(), i); });
     const size_t esz = core::dtype_size(dt);
     if (in_place) {
-        recv.fill([&](int64_t i) { return i / count == g.rank() ? value(g.rank(), i % count) : -1; });
+        recv.fill(
+            [&](int64_t i) { return i / count == g.rank() ? value(g.rank(), i % count) : -1; });
         void* mine = static_cast<char*>(recv.data()) + esz * size_t(count * g.rank());
         g.all_gather(mine, recv.data(), count, dt)->wait();
     } else {

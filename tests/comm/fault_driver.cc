@@ -7,6 +7,8 @@
 //   count          the culprit passes a different count for bucket 3
 //   die            the culprit is killed (SIGKILL) before bucket 3
 //   config         the culprit's config hash differs
+//   throw          the culprit throws an IoError before bucket 4 (its own
+//                  message must reach the user, not a watchdog report)
 
 #include <fmt/core.h>
 
@@ -35,13 +37,19 @@ int main(int argc, char** argv) {
         for (int b = 0; b < 10; ++b) {
             int64_t count = 1024;
             if (culprit) {
-                if (scenario == "stall" && b == 6) std::this_thread::sleep_for(std::chrono::seconds(60));
+                if (scenario == "stall" && b == 6)
+                    std::this_thread::sleep_for(std::chrono::seconds(60));
                 if (scenario.rfind("skip", 0) == 0 && b == 5) continue;
                 if (scenario == "count" && b == 3) count = 1025;
                 if (scenario == "die" && b == 3) std::raise(SIGKILL);
+                if (scenario == "throw" && b == 4) {
+                    throw IoError("shard_0007.bin: truncated at byte 4096 (rank's own error)");
+                }
             }
-            world->all_reduce(grads.data(), count, core::DType::f32, comm::ReduceOp::avg,
-                              comm::Tag{"bucket", b})->wait();
+            world
+                ->all_reduce(grads.data(), count, core::DType::f32, comm::ReduceOp::avg,
+                             comm::Tag{"bucket", b})
+                ->wait();
         }
         world.reset();
     } catch (const Error& e) {

@@ -4,10 +4,10 @@
 // (exit 124 fails the test), not by a clock in the test.
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <cstdio>
 #include <string>
-#include <sys/wait.h>
 
 namespace {
 
@@ -42,8 +42,9 @@ TEST(Faults, StalledRankIsNamed) {
     const Result r = run(4, "stall");
     EXPECT_NE(r.code, 0) << r.output;
     EXPECT_NE(r.code, 124) << "the job hung\n" << r.output;
-    EXPECT_TRUE(has(r, "rank 3 is at all_reduce #6 bucket 5 (f32 x 1024) (completed; has not "
-                       "called #7) while ranks 0-2 wait in all_reduce #7 bucket 6"))
+    EXPECT_TRUE(has(r,
+                    "rank 3 is at all_reduce #6 bucket 5 (f32 x 1024) (completed; has not "
+                    "called #7) while ranks 0-2 wait in all_reduce #7 bucket 6"))
         << r.output;
     EXPECT_TRUE(has(r, "exceeded comm.timeout_s = 2 s")) << r.output;
     // Every rank dumps its recent calls.
@@ -57,8 +58,9 @@ TEST(Faults, SkippedCollectiveIsAMismatch) {
     const Result r = run(2, "skip");
     EXPECT_NE(r.code, 0) << r.output;
     EXPECT_NE(r.code, 124) << "the job hung\n" << r.output;
-    EXPECT_TRUE(has(r, "mismatch at #6: rank 0 calls all_reduce #6 bucket 5 (f32 x 1024) while "
-                       "rank 1 calls all_reduce #6 bucket 6 (f32 x 1024)"))
+    EXPECT_TRUE(has(r,
+                    "mismatch at #6: rank 0 calls all_reduce #6 bucket 5 (f32 x 1024) while "
+                    "rank 1 calls all_reduce #6 bucket 6 (f32 x 1024)"))
         << r.output;
 }
 
@@ -83,10 +85,38 @@ TEST(Faults, DeadRankEndsTheJob) {
     EXPECT_TRUE(has(r, "rank 1")) << r.output;
 }
 
+TEST(Faults, ErrorOnOneRankIsPrintedAndEndsTheJob) {
+    const Result r = run(2, "throw");
+    EXPECT_NE(r.code, 0) << r.output;
+    EXPECT_NE(r.code, 124) << "the job hung\n" << r.output;
+    EXPECT_TRUE(has(r, "apiary: error: shard_0007.bin: truncated at byte 4096")) << r.output;
+    EXPECT_FALSE(has(r, "mismatch")) << r.output;
+}
+
 TEST(Faults, ConfigMismatchIsReported) {
     const Result r = run(2, "config");
     EXPECT_NE(r.code, 0) << r.output;
     EXPECT_TRUE(has(r, "config differs between ranks: rank 1 has config hash")) << r.output;
+}
+
+// `apiary launch -n 2` really starts two ranks (each prints the config).
+TEST(LaunchDist, RunsEveryRank) {
+    const std::string cmd = std::string("timeout 120 ") + APIARY_BINARY_DIR +
+                            "/apiary launch --launcher mpirun -n 2 -- config show "
+                            "--set comm.timeout_s=7 2>&1";
+    std::string out;
+    FILE* p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+    EXPECT_EQ(pclose(p), 0) << out;
+    size_t copies = 0;
+    for (size_t pos = out.find("timeout_s = 7"); pos != std::string::npos;
+         pos = out.find("timeout_s = 7", pos + 1)) {
+        ++copies;
+    }
+    EXPECT_EQ(copies, 2u) << out;
 }
 
 }  // namespace

@@ -1,11 +1,12 @@
 // The diagnosis line, the mesh layout checks and the DDP bucket helper.
 
+#include "comm/forensics.h"
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
 #include "comm/bucketed.h"
-#include "comm/forensics.h"
 #include "comm/mesh.h"
 #include "comm/thread_backend.h"
 #include "core/error.h"
@@ -36,8 +37,9 @@ GroupSnapshot idle(int rank, Fingerprint last) {
 }
 
 TEST(Diagnose, NamesTheRankThatIsBehind) {
-    const std::string msg = diagnose("dp", {waiting(0, ar(1044, 8), 300), waiting(1, ar(1044, 8), 300),
-                                            waiting(2, ar(1044, 8), 299), idle(3, ar(1043, 7))});
+    const std::string msg =
+        diagnose("dp", {waiting(0, ar(1044, 8), 300), waiting(1, ar(1044, 8), 300),
+                        waiting(2, ar(1044, 8), 299), idle(3, ar(1043, 7))});
     EXPECT_EQ(msg,
               "dp: rank 3 is at all_reduce #1043 bucket 7 (f32 x 1024) (completed; has not "
               "called #1044) while ranks 0-2 wait in all_reduce #1044 bucket 8 (f32 x 1024) for "
@@ -47,8 +49,8 @@ TEST(Diagnose, NamesTheRankThatIsBehind) {
 TEST(Diagnose, ReportsDifferentCallsUnderOneSequenceNumber) {
     Fingerprint gather{CollOp::all_gather, DType::bf16, 512, Tag{}};
     gather.seq = 5;
-    const std::string msg = diagnose("world", {waiting(0, ar(5, 2), 1), waiting(1, gather, 1),
-                                               waiting(2, ar(5, 2), 1)});
+    const std::string msg = diagnose(
+        "world", {waiting(0, ar(5, 2), 1), waiting(1, gather, 1), waiting(2, ar(5, 2), 1)});
     EXPECT_NE(msg.find("mismatch at #5: ranks 0,2 call all_reduce #5 bucket 2 (f32 x 1024) while "
                        "rank 1 calls all_gather #5 (bf16 x 512)"),
               std::string::npos)

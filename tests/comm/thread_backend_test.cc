@@ -1,11 +1,12 @@
 // Every collective on the thread backend (ranks as threads), for 1 to 4 ranks.
 
+#include "comm/thread_backend.h"
+
 #include <gtest/gtest.h>
 
 #include <thread>
 
 #include "collective_checks.h"
-#include "comm/thread_backend.h"
 #include "core/error.h"
 
 namespace apiary::comm {
@@ -64,21 +65,26 @@ TEST(ThreadMesh, EveryAxisOrderSplitsTheRightRanks) {
 }
 
 TEST(ThreadBackend, F16ReductionIsRejected) {
-    EXPECT_THROW(run_threads(2, [](ProcessGroup& g) {
-        uint16_t x = 0;
-        g.all_reduce(&x, 1, DType::f16, ReduceOp::sum);
-    }), CommError);
+    EXPECT_THROW(run_threads(2,
+                             [](ProcessGroup& g) {
+                                 uint16_t x = 0;
+                                 g.all_reduce(&x, 1, DType::f16, ReduceOp::sum);
+                             }),
+                 CommError);
 }
 
 TEST(ThreadBackend, StalledRankIsNamedWhenTheOthersTimeOut) {
     std::string message;
     try {
-        run_threads(3, [](ProcessGroup& g) {
-            float x = 1;
-            g.all_reduce(&x, 1, DType::f32, ReduceOp::sum, Tag{"bucket", 6})->wait();
-            if (g.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(600));
-            g.all_reduce(&x, 1, DType::f32, ReduceOp::sum, Tag{"bucket", 7})->wait();
-        }, ThreadWorldOptions{0.2, true});
+        run_threads(
+            3,
+            [](ProcessGroup& g) {
+                float x = 1;
+                g.all_reduce(&x, 1, DType::f32, ReduceOp::sum, Tag{"bucket", 6})->wait();
+                if (g.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+                g.all_reduce(&x, 1, DType::f32, ReduceOp::sum, Tag{"bucket", 7})->wait();
+            },
+            ThreadWorldOptions{0.2, true});
         FAIL() << "no timeout";
     } catch (const CommError& e) {
         message = e.what();
@@ -119,9 +125,8 @@ TEST(ThreadBackend, DifferentCountsAreReportedAsMismatch) {
 
 TEST(ThreadBackend, ConfigHashMismatchNamesTheRank) {
     try {
-        run_threads(3, [](ProcessGroup& g) {
-            check_config_hash(g, g.rank() == 2 ? 0xbadull : 0x600dull);
-        });
+        run_threads(
+            3, [](ProcessGroup& g) { check_config_hash(g, g.rank() == 2 ? 0xbadull : 0x600dull); });
         FAIL() << "no mismatch found";
     } catch (const CommError& e) {
         EXPECT_NE(std::string(e.what()).find("rank 2 has config hash 0000000000000bad but "

@@ -2,6 +2,7 @@
 // trainer and planner read the same file.
 
 #include "cli/command.h"
+#include "data/keys.h"
 
 namespace apiary::cli {
 
@@ -9,6 +10,7 @@ const core::Schema& full_schema() {
     static const core::Schema schema = [] {
         core::Schema s;
         core::add_shared_keys(s);
+        data::add_keys(s);
         return s;
     }();
     return schema;

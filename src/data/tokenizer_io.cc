@@ -273,9 +273,15 @@ std::string Tokenizer::to_json_text() const {
     j["pre_tokenizer"] = byte_level;
     j["post_processor"] = nullptr;
     j["decoder"] = byte_level;
+    // Appended straight to ordered_json's underlying vector: its operator[]
+    // searches linearly, which is quadratic over a 50k vocabulary. Keys are
+    // unique because token byte strings are.
     ojson vocab = ojson::object();
+    auto& entries = vocab.get_ref<ojson::object_t&>();
+    entries.reserve(vocab_.size());
     for (uint32_t id = 0; id < vocab_.size(); ++id) {
-        vocab[is_special[id] ? vocab_[id] : bytes_to_unicode(vocab_[id])] = id;
+        entries.std::vector<ojson::object_t::value_type>::emplace_back(
+            is_special[id] ? vocab_[id] : bytes_to_unicode(vocab_[id]), ojson(id));
     }
     ojson merges = ojson::array();
     for (const auto& m : merges_) {

@@ -20,6 +20,8 @@ packages=(
     # data/: Unicode classes for pre-tokenization; tokenizer peers for tests
     # and `apiary bench tokenizer` (node, with its npm, runs tiktoken and tokenizers.js)
     libicu-dev libsentencepiece-dev sentencepiece nodejs
+    # data/ remote-shard tests serve files from nginx on loopback
+    nginx-light
 )
 
 # The npm test peers of data/ (tiktoken, @huggingface/tokenizers and GPT-2's

@@ -106,11 +106,12 @@ void bench_tokenizer() {
         t.train().save(own_path);
     }
     if (!fs::exists(spm_prefix + ".model")) {
-        run_capture(fmt::format("spm_train --input='{}' --model_prefix='{}' --model_type=bpe "
-                                "--vocab_size={} --character_coverage=1.0 "
-                                "--normalization_rule_name=identity --num_threads={} "
-                                "--minloglevel=2",
-                                input, spm_prefix, o.vocab, cores));
+        run_capture(
+            fmt::format("spm_train --input='{}' --model_prefix='{}' --model_type=bpe "
+                        "--vocab_size={} --character_coverage=1.0 "
+                        "--normalization_rule_name=identity --num_threads={} "
+                        "--minloglevel=2",
+                        input, spm_prefix, o.vocab, cores));
     }
     const auto own = data::Tokenizer::load(own_path);
     const std::string empty = o.work + "/empty.txt";
@@ -129,9 +130,10 @@ void bench_tokenizer() {
         b1.push_back(apiary_mb_s(own, text, 1, &b_tokens));
         bn.push_back(apiary_mb_s(own, text, cores, &b_tokens));
         // spm_encode is a process: subtract its start-up (model load) on empty input.
-        const std::string cmd = fmt::format("spm_encode --model='{}.model' --output_format=id "
-                                            "--output=/dev/null --minloglevel=2 ",
-                                            spm_prefix);
+        const std::string cmd = fmt::format(
+            "spm_encode --model='{}.model' --output_format=id "
+            "--output=/dev/null --minloglevel=2 ",
+            spm_prefix);
         auto t0 = Clock::now();
         run_capture(cmd + "'" + empty + "'");
         const double startup = seconds_since(t0);
@@ -140,24 +142,26 @@ void bench_tokenizer() {
         s1.push_back(text.size() / 1e6 / std::max(1e-6, seconds_since(t0) - startup));
     }
     if (tt_tokens != a_tokens) {
-        throw DataError(fmt::format("bench: apiary made {} tokens, tiktoken {}; the encoders "
-                                    "disagree, so the timing would mean nothing",
-                                    a_tokens, tt_tokens));
+        throw DataError(
+            fmt::format("bench: apiary made {} tokens, tiktoken {}; the encoders "
+                        "disagree, so the timing would mean nothing",
+                        a_tokens, tt_tokens));
     }
     const Stat sa1 = stat_of(a1), san = stat_of(an), st1 = stat_of(t1), sb1 = stat_of(b1),
                sbn = stat_of(bn), ss1 = stat_of(s1);
     if (o.json) {
-        fmt::print("{}\n", nlohmann::json{
-                               {"bench", "tokenizer"},
-                               {"input", input},
-                               {"bytes", text.size()},
-                               {"threads", cores},
-                               {"reps", o.reps},
-                               {"gpt2", {{"tokens", a_tokens},
-                                         {"apiary_1t_mb_s", to_json(sa1)},
-                                         {"apiary_nt_mb_s", to_json(san)},
-                                         {"tiktoken_1t_mb_s", to_json(st1)}}},
-                               {"trained", {{"vocab_size", o.vocab},
+        fmt::print("{}\n", nlohmann::json{{"bench", "tokenizer"},
+                                          {"input", input},
+                                          {"bytes", text.size()},
+                                          {"threads", cores},
+                                          {"reps", o.reps},
+                                          {"gpt2",
+                                           {{"tokens", a_tokens},
+                                            {"apiary_1t_mb_s", to_json(sa1)},
+                                            {"apiary_nt_mb_s", to_json(san)},
+                                            {"tiktoken_1t_mb_s", to_json(st1)}}},
+                                          {"trained",
+                                           {{"vocab_size", o.vocab},
                                             {"tokens", b_tokens},
                                             {"apiary_1t_mb_s", to_json(sb1)},
                                             {"apiary_nt_mb_s", to_json(sbn)},
@@ -203,8 +207,8 @@ void bench_loader() {
             }
             const std::string file = fmt::format("train_{:06d}.bin", k);
             const uint64_t h = data::write_shard(dir + "/" + file, t, {0}, 2, 0, 50257);
-            m.shards.push_back({file, "train", t.size(), 1, fs::file_size(dir + "/" + file),
-                                data::hex64(h)});
+            m.shards.push_back(
+                {file, "train", t.size(), 1, fs::file_size(dir + "/" + file), data::hex64(h)});
         }
         m.save();
     }
@@ -241,12 +245,14 @@ void bench_loader() {
                                .dump());
         return;
     }
-    fmt::print("loader: {} steps of B={} T={} from {:.0f}M tokens in shards: {:.1f} M tokens/s "
-               "(open + verify {:.2f}s)\n",
-               o.steps, o.batch, o.seq, double(o.tokens) / 1e6, tok_s / 1e6, open_s);
-    fmt::print("{} at {:.0f} GFLOP/s (an upper bound for this machine) trains at most {:.0f} "
-               "tokens/s: the loader is {:.0f}x faster\n",
-               o.preset, o.peak_gflops, trainer_bound, tok_s / trainer_bound);
+    fmt::print(
+        "loader: {} steps of B={} T={} from {:.0f}M tokens in shards: {:.1f} M tokens/s "
+        "(open + verify {:.2f}s)\n",
+        o.steps, o.batch, o.seq, double(o.tokens) / 1e6, tok_s / 1e6, open_s);
+    fmt::print(
+        "{} at {:.0f} GFLOP/s (an upper bound for this machine) trains at most {:.0f} "
+        "tokens/s: the loader is {:.0f}x faster\n",
+        o.preset, o.peak_gflops, trainer_bound, tok_s / trainer_bound);
 }
 
 void bench_prepare() {
@@ -270,9 +276,9 @@ void bench_prepare() {
     }
     const Stat s = stat_of(mb_s);
     if (o.json) {
-        fmt::print("{}\n", nlohmann::json{{"bench", "prepare"}, {"input", input},
-                                          {"mb_s", to_json(s)}}
-                               .dump());
+        fmt::print(
+            "{}\n",
+            nlohmann::json{{"bench", "prepare"}, {"input", input}, {"mb_s", to_json(s)}}.dump());
         return;
     }
     fmt::print("data prepare {} (vocab {}): {:.2f} MB/s ({:.2f}-{:.2f}), {} threads\n", input,

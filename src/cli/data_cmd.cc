@@ -23,9 +23,10 @@ void verify() {
     if (!tokenizer.empty()) {
         const auto h = data::hex64(data::Tokenizer::load(tokenizer).hash());
         if (h != m.tokenizer_hash) {
-            throw DataError(fmt::format("manifest '{}/manifest.json' was made with tokenizer {} "
-                                        "but '{}' has hash {}",
-                                        m.dir, m.tokenizer_hash, tokenizer, h));
+            throw DataError(
+                fmt::format("manifest '{}/manifest.json' was made with tokenizer {} "
+                            "but '{}' has hash {}",
+                            m.dir, m.tokenizer_hash, tokenizer, h));
         }
     }
     uint64_t tokens = 0;
@@ -33,8 +34,8 @@ void verify() {
         data::ShardReader r(m.shard_path(s));
         r.verify(s.xxh64);
         if (r.num_tokens() != s.tokens) {
-            throw DataError(fmt::format("shard '{}' has {} tokens, the manifest says {}",
-                                        r.path(), r.num_tokens(), s.tokens));
+            throw DataError(fmt::format("shard '{}' has {} tokens, the manifest says {}", r.path(),
+                                        r.num_tokens(), s.tokens));
         }
         tokens += r.num_tokens();
     }
@@ -60,15 +61,14 @@ void setup(CLI::App& app) {
         popt.shard_units = std::max<size_t>(1, (shard_mb << 20) / popt.unit_bytes);
         const auto st = data::prepare(popt);
         if (st.already_complete) {
-            fmt::print("{} is already complete (manifest.json present, same settings)\n",
-                       popt.out);
+            fmt::print("{} is already complete (manifest.json present, same settings)\n", popt.out);
             return;
         }
-        fmt::print("prepared {:.1f} MB, {} documents -> {} train + {} val tokens; {} shards "
-                   "written, {} already done; {:.2f}s ({:.1f} MB/s)\n",
-                   st.bytes / 1e6, st.documents, st.train_tokens, st.val_tokens,
-                   st.shards_written, st.shards_skipped, st.seconds,
-                   st.bytes / 1e6 / std::max(st.seconds, 1e-9));
+        fmt::print(
+            "prepared {:.1f} MB, {} documents -> {} train + {} val tokens; {} shards "
+            "written, {} already done; {:.2f}s ({:.1f} MB/s)\n",
+            st.bytes / 1e6, st.documents, st.train_tokens, st.val_tokens, st.shards_written,
+            st.shards_skipped, st.seconds, st.bytes / 1e6 / std::max(st.seconds, 1e-9));
     });
 
     auto* ver = cmd->add_subcommand("verify", "check every shard against the manifest");
@@ -82,10 +82,11 @@ void setup(CLI::App& app) {
         const auto m = data::Manifest::load(dir);
         uint64_t train = 0, val = 0;
         for (const auto& s : m.shards) (s.split == "val" ? val : train) += s.tokens;
-        fmt::print("tokenizer {} (vocab {}), {} tokens\nshards {}\ntrain tokens {}\nval tokens "
-                   "{}\n",
-                   m.tokenizer_hash, m.vocab_size, m.token_bytes == 2 ? "uint16" : "uint32",
-                   m.shards.size(), train, val);
+        fmt::print(
+            "tokenizer {} (vocab {}), {} tokens\nshards {}\ntrain tokens {}\nval tokens "
+            "{}\n",
+            m.tokenizer_hash, m.vocab_size, m.token_bytes == 2 ? "uint16" : "uint32",
+            m.shards.size(), train, val);
     });
 }
 

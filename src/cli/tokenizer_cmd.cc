@@ -52,9 +52,8 @@ void add_source_options(CLI::App* cmd) {
 }
 
 void train() {
-    data::BpeTrainer trainer({.vocab_size = opt.vocab_size,
-                              .specials = {"<|endoftext|>"},
-                              .num_threads = opt.threads});
+    data::BpeTrainer trainer(
+        {.vocab_size = opt.vocab_size, .specials = {"<|endoftext|>"}, .num_threads = opt.threads});
     const auto t0 = std::chrono::steady_clock::now();
     size_t bytes = 0;
     data::DocumentOptions dopt;
@@ -69,11 +68,12 @@ void train() {
     const data::Tokenizer tok = trainer.train();
     const auto t2 = std::chrono::steady_clock::now();
     tok.save(opt.out);
-    fmt::print("trained {} tokens ({} merges) on {:.1f} MB, {} distinct words: count {:.2f}s, "
-               "merge {:.2f}s -> {}\n",
-               tok.vocab_size(), tok.merges().size(), bytes / 1e6, trainer.distinct_words(),
-               std::chrono::duration<double>(t1 - t0).count(),
-               std::chrono::duration<double>(t2 - t1).count(), opt.out);
+    fmt::print(
+        "trained {} tokens ({} merges) on {:.1f} MB, {} distinct words: count {:.2f}s, "
+        "merge {:.2f}s -> {}\n",
+        tok.vocab_size(), tok.merges().size(), bytes / 1e6, trainer.distinct_words(),
+        std::chrono::duration<double>(t1 - t0).count(),
+        std::chrono::duration<double>(t2 - t1).count(), opt.out);
 }
 
 void setup(CLI::App& app) {

@@ -12,8 +12,8 @@ namespace apiary::data {
 
 namespace {
 
-constexpr size_t kChunkBytes = 1 << 20;      // parallel pre-tokenization grain
-constexpr size_t kParallelWords = 256;        // merges touching more words go parallel
+constexpr size_t kChunkBytes = 1 << 20;  // parallel pre-tokenization grain
+constexpr size_t kParallelWords = 256;   // merges touching more words go parallel
 
 inline uint64_t key(uint32_t a, uint32_t b) { return (uint64_t(a) << 32) | b; }
 
@@ -44,9 +44,10 @@ void merge_word(std::vector<uint32_t>& w, uint32_t a, uint32_t b, uint32_t c) {
 
 BpeTrainer::BpeTrainer(BpeTrainOptions options) : options_(std::move(options)) {
     if (options_.vocab_size < 256 + options_.specials.size()) {
-        throw ConfigError(fmt::format("tokenizer: vocab size {} is below 256 bytes + {} special "
-                                      "tokens; pass a larger --vocab-size",
-                                      options_.vocab_size, options_.specials.size()));
+        throw ConfigError(
+            fmt::format("tokenizer: vocab size {} is below 256 bytes + {} special "
+                        "tokens; pass a larger --vocab-size",
+                        options_.vocab_size, options_.specials.size()));
     }
 }
 

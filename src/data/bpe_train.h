@@ -34,16 +34,17 @@ struct BpeTrainOptions {
 };
 
 class BpeTrainer {
-public:
+  public:
     explicit BpeTrainer(BpeTrainOptions options);
     // Special-token text in `text` is skipped, never learned from.
     void add_text(std::string_view text);
-    // Reads files in bounded blocks (plain text; see data/documents.h for
-    // JSONL and zstd, which `apiary tokenizer train` also accepts).
+    // Merges until the vocabulary (with the special tokens, given the last
+    // ids) reaches vocab_size, or no pair is left. Feed files through
+    // data/documents.h (text, JSONL, zstd), as `apiary tokenizer train` does.
     Tokenizer train() const;
     size_t distinct_words() const { return words_.size(); }
 
-private:
+  private:
     void count_chunk(std::string_view text, std::unordered_map<std::string, uint64_t>& out) const;
     BpeTrainOptions options_;
     std::unordered_map<std::string, uint64_t> words_;

@@ -17,12 +17,13 @@ namespace apiary::data {
 namespace {
 
 bool ends_with(const std::string& s, std::string_view suffix) {
-    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+    return s.size() >= suffix.size() &&
+           s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // Raw bytes of a file, decompressing zstd on the fly.
 class ByteSource {
-public:
+  public:
     explicit ByteSource(const std::string& path) : path_(path), zstd_(ends_with(path, ".zst")) {
         fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
         if (fd_ < 0) throw IoError(fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
@@ -52,9 +53,10 @@ public:
                 const ssize_t n = raw_read(in_.data(), in_.size());
                 if (n == 0) {
                     if (!frame_done_) {
-                        throw DataError(fmt::format("'{}': zstd stream truncated at compressed "
-                                                    "byte {}",
-                                                    path_, raw_offset_));
+                        throw DataError(
+                            fmt::format("'{}': zstd stream truncated at compressed "
+                                        "byte {}",
+                                        path_, raw_offset_));
                     }
                     return false;
                 }
@@ -78,7 +80,7 @@ public:
         }
     }
 
-private:
+  private:
     ssize_t raw_read(char* buf, size_t n) {
         for (;;) {
             const ssize_t r = ::read(fd_, buf, n);
@@ -110,8 +112,10 @@ void text_pieces(ByteSource& src, const DocumentOptions& options, const PieceFn&
         size_t cut = buf.size();
         if (more) {
             const size_t p = safe_split_point(buf, buf.size() / 2);
-            if (p < buf.size()) cut = p;
-            else if (buf.size() < 4 * options.block_bytes) continue;  // no split point yet
+            if (p < buf.size())
+                cut = p;
+            else if (buf.size() < 4 * options.block_bytes)
+                continue;  // no split point yet
         }
         fn(std::string_view(buf).substr(0, cut), first);
         first = false;
@@ -141,15 +145,17 @@ void jsonl_pieces(ByteSource& src, const std::string& path, const DocumentOption
             try {
                 j = nlohmann::json::parse(line);
             } catch (const nlohmann::json::parse_error& e) {
-                throw DataError(fmt::format("'{}' line {}: not JSON at column {}; each line of a "
-                                            ".jsonl file must be one JSON object",
-                                            path, line_no, e.byte));
+                throw DataError(
+                    fmt::format("'{}' line {}: not JSON at column {}; each line of a "
+                                ".jsonl file must be one JSON object",
+                                path, line_no, e.byte));
             }
             if (!j.is_object() || !j.contains(options.jsonl_field) ||
                 !j[options.jsonl_field].is_string()) {
-                throw DataError(fmt::format("'{}' line {}: no string field '{}' (set "
-                                            "--jsonl-field)",
-                                            path, line_no, options.jsonl_field));
+                throw DataError(
+                    fmt::format("'{}' line {}: no string field '{}' (set "
+                                "--jsonl-field)",
+                                path, line_no, options.jsonl_field));
             }
             fn(j[options.jsonl_field].get_ref<const std::string&>(), true);
         }

@@ -25,8 +25,8 @@ std::string read_file(const std::string& path) {
             if (errno == EINTR) continue;
             const int e = errno;
             ::close(fd);
-            throw IoError(fmt::format("cannot read '{}' at byte {}: {}", path, out.size(),
-                                      std::strerror(e)));
+            throw IoError(
+                fmt::format("cannot read '{}' at byte {}: {}", path, out.size(), std::strerror(e)));
         }
         if (n == 0) break;
         out.append(buf, static_cast<size_t>(n));
@@ -48,8 +48,8 @@ void write_file_atomic(const std::string& path, std::string_view data) {
             if (errno == EINTR) continue;
             const int e = errno;
             ::close(fd);
-            throw IoError(fmt::format("cannot write '{}' at byte {}: {}", tmp, done,
-                                      std::strerror(e)));
+            throw IoError(
+                fmt::format("cannot write '{}' at byte {}: {}", tmp, done, std::strerror(e)));
         }
         done += static_cast<size_t>(n);
     }
@@ -57,8 +57,8 @@ void write_file_atomic(const std::string& path, std::string_view data) {
         throw IoError(fmt::format("cannot flush '{}': {}", tmp, std::strerror(errno)));
     }
     if (::rename(tmp.c_str(), path.c_str()) != 0) {
-        throw IoError(fmt::format("cannot rename '{}' to '{}': {}", tmp, path,
-                                  std::strerror(errno)));
+        throw IoError(
+            fmt::format("cannot rename '{}' to '{}': {}", tmp, path, std::strerror(errno)));
     }
     // The rename itself is durable only once the directory is synced.
     const auto parent = std::filesystem::path(path).parent_path();
@@ -71,6 +71,30 @@ void write_file_atomic(const std::string& path, std::string_view data) {
 }
 
 uint64_t xxhash64(const void* data, size_t n, uint64_t seed) { return XXH64(data, n, seed); }
+
+uint64_t xxhash64_file(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw IoError(fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
+    XXH64_state_t* st = XXH64_createState();
+    XXH64_reset(st, 0);
+    std::string buf(1 << 20, '\0');
+    for (;;) {
+        const ssize_t n = ::read(fd, buf.data(), buf.size());
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            const int e = errno;
+            XXH64_freeState(st);
+            ::close(fd);
+            throw IoError(fmt::format("cannot read '{}': {}", path, std::strerror(e)));
+        }
+        if (n == 0) break;
+        XXH64_update(st, buf.data(), static_cast<size_t>(n));
+    }
+    const uint64_t h = XXH64_digest(st);
+    XXH64_freeState(st);
+    ::close(fd);
+    return h;
+}
 
 std::string hex64(uint64_t h) { return fmt::format("{:016x}", h); }
 

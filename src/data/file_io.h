@@ -13,6 +13,8 @@ std::string read_file(const std::string& path);
 // reader sees either the old file or the complete new one, never a prefix.
 void write_file_atomic(const std::string& path, std::string_view data);
 uint64_t xxhash64(const void* data, size_t n, uint64_t seed = 0);
+// xxhash64 (seed 0) of a whole file, streamed in bounded memory.
+uint64_t xxhash64_file(const std::string& path);
 // Hash as 16 lowercase hex digits, the form manifests store.
 std::string hex64(uint64_t h);
 

@@ -19,6 +19,9 @@ void add_keys(core::Schema& s) {
     s.add_int("data.prefetch", 4, "batches the loader thread prepares ahead (0: no thread)", 0,
               1024);
     s.add_bool("data.verify", true, "check shard checksums and token ranges when opening");
+    s.add_string("data.cache_dir", ".cache/apiary-shards",
+                 "local cache for http(s):// sources (least recently used files go first)");
+    s.add_int("data.cache_mb", 10240, "size bound of data.cache_dir in MiB", 1);
     s.add_int("data.curriculum_start", 0,
               "sequence-length curriculum: first seq len (0: off), growing to train.seq_len", 0,
               1 << 22);
@@ -43,9 +46,11 @@ LoaderOptions LoaderOptions::from_config(const core::Config& c, int dp_rank, int
     o.curriculum_start = split == "train" ? c.get_int("data.curriculum_start") : 0;
     o.curriculum_steps = c.get_int("data.curriculum_steps");
     o.curriculum_mode = c.get_string("data.curriculum_mode") == "batch" ? CurriculumMode::batch
-                                                                         : CurriculumMode::tokens;
+                                                                        : CurriculumMode::tokens;
     o.prefetch = static_cast<int>(c.get_int("data.prefetch"));
     o.verify = c.get_bool("data.verify");
+    o.remote.cache_dir = c.get_string("data.cache_dir");
+    o.remote.cache_bytes = static_cast<uint64_t>(c.get_int("data.cache_mb")) << 20;
     if (!c.get_string("data.tokenizer").empty()) {
         o.tokenizer_hash = hex64(Tokenizer::load(c.get_string("data.tokenizer")).hash());
     }

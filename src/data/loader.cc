@@ -27,8 +27,8 @@ std::vector<SourceSpec> parse_sources(const std::string& text) {
             const auto r = std::from_chars(w.data(), w.data() + w.size(), v);
             if (r.ec == std::errc() && r.ptr == w.data() + w.size()) {
                 if (!(v > 0)) {
-                    throw ConfigError(fmt::format("data.sources: weight '{}' of '{}' must be > 0",
-                                                  w, item));
+                    throw ConfigError(
+                        fmt::format("data.sources: weight '{}' of '{}' must be > 0", w, item));
                 }
                 s = {item.substr(0, colon), v};
             }
@@ -41,14 +41,16 @@ std::vector<SourceSpec> parse_sources(const std::string& text) {
 
 Loader::Loader(LoaderOptions options) : opt_(std::move(options)) {
     if (opt_.sources.empty()) {
-        throw ConfigError("loader: no data sources; set data.sources = \"DIR[:weight],...\" to "
-                          "directories made by `apiary data prepare`");
+        throw ConfigError(
+            "loader: no data sources; set data.sources = \"DIR[:weight],...\" to "
+            "directories made by `apiary data prepare`");
     }
     if (opt_.batch_size < 1 || opt_.seq_len < 1 || opt_.dp_size < 1 || opt_.dp_rank < 0 ||
         opt_.dp_rank >= opt_.dp_size) {
-        throw ConfigError(fmt::format("loader: batch_size {}, seq_len {}, dp_rank {} of dp_size "
-                                      "{} is not a valid layout",
-                                      opt_.batch_size, opt_.seq_len, opt_.dp_rank, opt_.dp_size));
+        throw ConfigError(
+            fmt::format("loader: batch_size {}, seq_len {}, dp_rank {} of dp_size "
+                        "{} is not a valid layout",
+                        opt_.batch_size, opt_.seq_len, opt_.dp_rank, opt_.dp_size));
     }
     if (opt_.curriculum_start > opt_.seq_len) {
         throw ConfigError(fmt::format("loader: data.curriculum_start {} exceeds train.seq_len {}",
@@ -63,30 +65,37 @@ Loader::Loader(LoaderOptions options) : opt_(std::move(options)) {
 Loader::~Loader() { stop_thread(); }
 
 void Loader::open_sources() {
+    std::unique_ptr<ShardCache> cache;
     for (const auto& spec : opt_.sources) {
         Source src;
-        src.manifest = Manifest::load(spec.path);
+        const bool remote = is_url(spec.path);
+        if (remote && !cache) cache = std::make_unique<ShardCache>(opt_.remote);
+        src.manifest = remote ? cache->manifest(spec.path) : Manifest::load(spec.path);
         const auto& m = src.manifest;
         if (!opt_.tokenizer_hash.empty() && m.tokenizer_hash != opt_.tokenizer_hash) {
-            throw DataError(fmt::format("'{}/manifest.json' was tokenized with tokenizer {}, but "
-                                        "the configured tokenizer has hash {}; re-run `apiary "
-                                        "data prepare` with it",
-                                        m.dir, m.tokenizer_hash, opt_.tokenizer_hash));
+            throw DataError(
+                fmt::format("'{}/manifest.json' was tokenized with tokenizer {}, but "
+                            "the configured tokenizer has hash {}; re-run `apiary "
+                            "data prepare` with it",
+                            m.dir, m.tokenizer_hash, opt_.tokenizer_hash));
         }
         if (!sources_.empty() && m.tokenizer_hash != sources_[0].manifest.tokenizer_hash) {
-            throw DataError(fmt::format("sources '{}' and '{}' were tokenized with different "
-                                        "tokenizers ({} vs {})",
-                                        sources_[0].manifest.dir, m.dir,
-                                        sources_[0].manifest.tokenizer_hash, m.tokenizer_hash));
+            throw DataError(
+                fmt::format("sources '{}' and '{}' were tokenized with different "
+                            "tokenizers ({} vs {})",
+                            sources_[0].manifest.dir, m.dir, sources_[0].manifest.tokenizer_hash,
+                            m.tokenizer_hash));
         }
         src.first_window.push_back(0);
         for (const auto& info : m.split(opt_.split)) {
-            ShardReader r(m.shard_path(info));
+            // A remote shard is checked against the manifest as it enters the cache.
+            ShardReader r(remote ? cache->get(m.shard_path(info), info.bytes, info.xxh64)
+                                 : m.shard_path(info));
             if (hex64(r.tokenizer_hash()) != m.tokenizer_hash) {
-                throw DataError(fmt::format("shard '{}': tokenizer hash {} at byte 24 differs "
-                                            "from the manifest's {}",
-                                            r.path(), hex64(r.tokenizer_hash()),
-                                            m.tokenizer_hash));
+                throw DataError(
+                    fmt::format("shard '{}': tokenizer hash {} at byte 24 differs "
+                                "from the manifest's {}",
+                                r.path(), hex64(r.tokenizer_hash()), m.tokenizer_hash));
             }
             if (opt_.verify) r.verify(info.xxh64);
             if (r.num_tokens() != info.tokens) {
@@ -100,9 +109,10 @@ void Loader::open_sources() {
             src.shards.push_back(std::move(r));
         }
         if (src.windows == 0) {
-            throw DataError(fmt::format("source '{}' has no {} sample of {} tokens (seq_len + 1); "
-                                        "prepare more data or lower train.seq_len",
-                                        spec.path, opt_.split, opt_.seq_len + 1));
+            throw DataError(
+                fmt::format("source '{}' has no {} sample of {} tokens (seq_len + 1); "
+                            "prepare more data or lower train.seq_len",
+                            spec.path, opt_.split, opt_.seq_len + 1));
         }
         sources_.push_back(std::move(src));
     }
@@ -271,10 +281,10 @@ void Loader::restore(const nlohmann::json& state) {
         const auto& got = state.at("fingerprint");
         for (const auto& [k, v] : want.items()) {
             if (!got.contains(k) || got[k] != v) {
-                throw ConfigError(fmt::format("loader state was saved with {} = {}, this run has "
-                                              "{}; resume with the same data settings",
-                                              k, got.contains(k) ? got[k].dump() : "nothing",
-                                              v.dump()));
+                throw ConfigError(
+                    fmt::format("loader state was saved with {} = {}, this run has "
+                                "{}; resume with the same data settings",
+                                k, got.contains(k) ? got[k].dump() : "nothing", v.dump()));
             }
         }
         cur.step = state.at("step").get<int64_t>();

@@ -42,6 +42,7 @@
 #include <thread>
 #include <vector>
 
+#include "data/remote.h"
 #include "data/sampler.h"
 #include "data/shard.h"
 
@@ -52,7 +53,7 @@ class Config;
 namespace apiary::data {
 
 struct SourceSpec {
-    std::string path;  // directory with manifest.json (or the manifest itself)
+    std::string path;  // directory with manifest.json (or the file), or an http(s) URL of one
     double weight = 1.0;
 };
 
@@ -68,13 +69,14 @@ struct LoaderOptions {
     int64_t seq_len = 128;        // T_max
     uint64_t seed = 1234;
     int dp_rank = 0, dp_size = 1;
-    bool shuffle = true;  // false: windows in shard order (e.g. a fixed eval set)
+    bool shuffle = true;           // false: windows in shard order (e.g. a fixed eval set)
     int64_t curriculum_start = 0;  // 0: no curriculum
     int64_t curriculum_steps = 0;
     CurriculumMode curriculum_mode = CurriculumMode::tokens;
-    int prefetch = 4;  // batches queued ahead; 0: no thread
-    bool verify = true;  // check every shard's checksum and tokens on open
+    int prefetch = 4;            // batches queued ahead; 0: no thread
+    bool verify = true;          // check every shard's checksum and tokens on open
     std::string tokenizer_hash;  // hex; if set, every manifest must match
+    RemoteOptions remote;        // cache for http(s) sources (data/remote.h)
 
     // data.* keys plus train.batch_size and train.seq_len (data/keys.h).
     static LoaderOptions from_config(const core::Config& config, int dp_rank, int dp_size,
@@ -89,7 +91,7 @@ struct Batch {
 };
 
 class Loader {
-public:
+  public:
     explicit Loader(LoaderOptions options);
     ~Loader();
     Loader(const Loader&) = delete;
@@ -103,7 +105,7 @@ public:
 
     // (B_t, T_t) that step t will have.
     std::pair<int64_t, int64_t> shape_at(int64_t step) const;
-    int64_t max_batch_tokens() const;  // largest B_t * (T_t + 1) over all steps
+    int64_t max_batch_tokens() const;                // largest B_t * (T_t + 1) over all steps
     int64_t step() const { return consumed_.step; }  // steps returned so far
 
     nlohmann::json state() const;
@@ -114,7 +116,7 @@ public:
     // Which source each window of the last returned batch came from.
     const std::vector<uint32_t>& last_batch_sources() const { return last_sources_; }
 
-private:
+  private:
     struct Source {
         Manifest manifest;
         std::vector<ShardReader> shards;

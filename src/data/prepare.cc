@@ -41,10 +41,13 @@ std::string shard_name(const std::string& split, size_t index) {
 
 // Accumulates one split's units into shards and writes each when full.
 class SplitWriter {
-public:
+  public:
     SplitWriter(std::string split, const PrepareOptions& opt, const Tokenizer& tok,
                 uint32_t token_bytes, PrepareStats& stats)
-        : split_(std::move(split)), opt_(opt), tok_(tok), token_bytes_(token_bytes),
+        : split_(std::move(split)),
+          opt_(opt),
+          tok_(tok),
+          token_bytes_(token_bytes),
           stats_(stats) {}
 
     void add(Unit& u) {
@@ -70,7 +73,7 @@ public:
         }
     }
 
-private:
+  private:
     std::string split_;
     const PrepareOptions& opt_;
     const Tokenizer& tok_;
@@ -102,8 +105,8 @@ PrepareStats prepare(const PrepareOptions& opt) {
     const auto t0 = std::chrono::steady_clock::now();
     if (opt.inputs.empty()) throw ConfigError("prepare: no --input files");
     if (opt.val_fraction < 0 || opt.val_fraction >= 1) {
-        throw ConfigError(fmt::format("prepare: --val-fraction {} must be in [0, 1)",
-                                      opt.val_fraction));
+        throw ConfigError(
+            fmt::format("prepare: --val-fraction {} must be in [0, 1)", opt.val_fraction));
     }
     const Tokenizer tok = Tokenizer::load(opt.tokenizer);
     const uint32_t eot = tok.special_id("<|endoftext|>");
@@ -121,9 +124,10 @@ PrepareStats prepare(const PrepareOptions& opt) {
             old = nullptr;
         }
         if (old != settings) {
-            throw ConfigError(fmt::format("prepare: '{}' was prepared with other inputs or "
-                                          "settings ({}); use another --out or delete it",
-                                          opt.out, plan_path));
+            throw ConfigError(
+                fmt::format("prepare: '{}' was prepared with other inputs or "
+                            "settings ({}); use another --out or delete it",
+                            opt.out, plan_path));
         }
         if (fs::exists(fs::path(opt.out) / "manifest.json")) {
             stats.already_complete = true;
@@ -140,7 +144,8 @@ PrepareStats prepare(const PrepareOptions& opt) {
 
     const int threads = opt.num_threads > 0 ? opt.num_threads : omp_get_max_threads();
     std::vector<Tokenizer::Encoder> encoders(static_cast<size_t>(threads), Tokenizer::Encoder(tok));
-    SplitWriter train("train", opt, tok, token_bytes, stats), val("val", opt, tok, token_bytes, stats);
+    SplitWriter train("train", opt, tok, token_bytes, stats),
+        val("val", opt, tok, token_bytes, stats);
     std::map<std::string, uint64_t> split_units;
     std::vector<Unit> round;
     const size_t round_size = static_cast<size_t>(threads) * 4;
@@ -171,8 +176,8 @@ PrepareStats prepare(const PrepareOptions& opt) {
         Unit u;
         u.index = next_index++;
         const double f = opt.val_fraction;
-        const bool is_val = f > 0 && std::floor(double(u.index) * f) >
-                                         std::floor((double(u.index) - 1) * f);
+        const bool is_val =
+            f > 0 && std::floor(double(u.index) * f) > std::floor((double(u.index) - 1) * f);
         u.split = is_val ? "val" : "train";
         u.shard = split_units[u.split]++ / opt.shard_units;
         u.skip = on_disk.count(shard_name(u.split, u.shard)) > 0;
@@ -218,13 +223,14 @@ PrepareStats prepare(const PrepareOptions& opt) {
             const std::string name = shard_name(split, k);
             if (on_disk.count(name)) ++stats.shards_skipped;
             ShardReader r((fs::path(opt.out) / name).string());
-            m.shards.push_back({name, split, r.num_tokens(), r.num_docs(),
-                                fs::file_size(r.path()), hex64(r.file_hash())});
+            m.shards.push_back({name, split, r.num_tokens(), r.num_docs(), fs::file_size(r.path()),
+                                hex64(r.file_hash())});
         }
     }
     // Token counts of skipped shards come from the files themselves.
     stats.train_tokens = stats.val_tokens = 0;
-    for (const auto& s : m.shards) (s.split == "val" ? stats.val_tokens : stats.train_tokens) += s.tokens;
+    for (const auto& s : m.shards)
+        (s.split == "val" ? stats.val_tokens : stats.train_tokens) += s.tokens;
     m.save();
     stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return stats;

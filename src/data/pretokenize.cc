@@ -22,8 +22,8 @@ const uint8_t* class_table() {
                 k = CharClass::space;
             } else {
                 const int8_t t = u_charType(c);
-                if (t == U_UPPERCASE_LETTER || t == U_LOWERCASE_LETTER ||
-                    t == U_TITLECASE_LETTER || t == U_MODIFIER_LETTER || t == U_OTHER_LETTER) {
+                if (t == U_UPPERCASE_LETTER || t == U_LOWERCASE_LETTER || t == U_TITLECASE_LETTER ||
+                    t == U_MODIFIER_LETTER || t == U_OTHER_LETTER) {
                     k = CharClass::letter;
                 } else if (t == U_DECIMAL_DIGIT_NUMBER || t == U_LETTER_NUMBER ||
                            t == U_OTHER_NUMBER) {
@@ -59,10 +59,8 @@ size_t next_char(std::string_view s, size_t i, CharClass* cls, uint32_t* cp_out)
         n = 3;
         // Overlong forms and UTF-16 surrogates are not valid UTF-8.
         if (cp < 0x800 || (cp >= 0xD800 && cp < 0xE000)) n = 0;
-    } else if (b0 >= 0xF0 && b0 < 0xF5 && left >= 4 && cont(p[1]) && cont(p[2]) &&
-               cont(p[3])) {
-        cp = ((b0 & 0x07u) << 18) | ((p[1] & 0x3Fu) << 12) | ((p[2] & 0x3Fu) << 6) |
-             (p[3] & 0x3Fu);
+    } else if (b0 >= 0xF0 && b0 < 0xF5 && left >= 4 && cont(p[1]) && cont(p[2]) && cont(p[3])) {
+        cp = ((b0 & 0x07u) << 18) | ((p[1] & 0x3Fu) << 12) | ((p[2] & 0x3Fu) << 6) | (p[3] & 0x3Fu);
         n = 4;
         if (cp < 0x10000 || cp > 0x10FFFF) n = 0;
     } else {

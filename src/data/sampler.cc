@@ -6,8 +6,7 @@
 
 namespace apiary::data {
 
-Permutation::Permutation(uint64_t n, uint64_t seed, uint64_t stream)
-    : n_(n) {
+Permutation::Permutation(uint64_t n, uint64_t seed, uint64_t stream) : n_(n) {
     const uint64_t k = core::Philox(seed, stream).u64(0);
     key_[0] = uint32_t(k);
     key_[1] = uint32_t(k >> 32);

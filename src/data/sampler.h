@@ -17,12 +17,12 @@ namespace apiary::data {
 // cycle walking back into [0, n). O(1) memory, so a global shuffle over
 // billions of samples across all shards costs nothing to set up.
 class Permutation {
-public:
+  public:
     Permutation(uint64_t n, uint64_t seed, uint64_t stream);
     uint64_t operator()(uint64_t i) const;
     uint64_t size() const { return n_; }
 
-private:
+  private:
     uint64_t round(uint64_t r, uint64_t x) const;
     uint64_t n_;
     int half_bits_;
@@ -35,7 +35,7 @@ private:
 // goes to the source with the largest deficit w_s * (g + 1) - drawn_s
 // (ties: lowest index). Weights are normalized to sum 1.
 class Mixer {
-public:
+  public:
     explicit Mixer(std::vector<double> weights);
     // The source of the next position; advances the per-source counts.
     size_t next();
@@ -43,7 +43,7 @@ public:
     uint64_t position() const { return position_; }
     void restore(uint64_t position, std::vector<uint64_t> drawn);
 
-private:
+  private:
     std::vector<double> weights_;
     std::vector<uint64_t> drawn_;
     uint64_t position_ = 0;

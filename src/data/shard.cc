@@ -47,18 +47,20 @@ uint64_t write_shard(const std::string& path, const std::vector<uint32_t>& token
 ShardReader::ShardReader(const std::string& path) : path_(path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        throw DataError(fmt::format("shard '{}' cannot be opened: {} (is the manifest's "
-                                    "directory complete?)",
-                                    path, std::strerror(errno)));
+        throw DataError(
+            fmt::format("shard '{}' cannot be opened: {} (is the manifest's "
+                        "directory complete?)",
+                        path, std::strerror(errno)));
     }
     struct stat st {};
     ::fstat(fd, &st);
     size_ = static_cast<size_t>(st.st_size);
     if (size_ < kShardHeaderBytes) {
         ::close(fd);
-        throw DataError(fmt::format("shard '{}' is truncated: {} bytes, shorter than the "
-                                    "{}-byte header",
-                                    path, size_, kShardHeaderBytes));
+        throw DataError(
+            fmt::format("shard '{}' is truncated: {} bytes, shorter than the "
+                        "{}-byte header",
+                        path, size_, kShardHeaderBytes));
     }
     void* m = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
     ::close(fd);
@@ -70,14 +72,15 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
     const auto& h = header_;
     if (std::memcmp(h.magic, kShardMagic, 8) != 0) {
         close();
-        throw DataError(fmt::format("shard '{}': bad magic at byte 0; not an apiary token shard",
-                                    path));
+        throw DataError(
+            fmt::format("shard '{}': bad magic at byte 0; not an apiary token shard", path));
     }
     if (h.version != kShardVersion) {
         close();
-        throw DataError(fmt::format("shard '{}': format version {} at byte 8, this build reads "
-                                    "version {}",
-                                    path, h.version, kShardVersion));
+        throw DataError(
+            fmt::format("shard '{}': format version {} at byte 8, this build reads "
+                        "version {}",
+                        path, h.version, kShardVersion));
     }
     if (h.token_bytes != 2 && h.token_bytes != 4) {
         close();
@@ -88,10 +91,11 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
     if (h.num_tokens > size_ || h.num_docs > size_ || want != size_) {
         const uint64_t n_tok = h.num_tokens, n_doc = h.num_docs;
         close();
-        throw DataError(fmt::format("shard '{}' is truncated or padded: the header (byte 16) "
-                                    "promises {} tokens and {} documents, i.e. {} bytes, but the "
-                                    "file has {} bytes",
-                                    path, n_tok, n_doc, want, st.st_size));
+        throw DataError(
+            fmt::format("shard '{}' is truncated or padded: the header (byte 16) "
+                        "promises {} tokens and {} documents, i.e. {} bytes, but the "
+                        "file has {} bytes",
+                        path, n_tok, n_doc, want, st.st_size));
     }
     const uint64_t index_at = kShardHeaderBytes + h.num_tokens * h.token_bytes;
     uint64_t prev = 0;
@@ -99,9 +103,10 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
         const uint64_t s = doc_start(d);
         if (s >= h.num_tokens || (d > 0 && s <= prev)) {
             close();
-            throw DataError(fmt::format("shard '{}': document index entry {} at byte {} is {}, "
-                                        "out of order or past {} tokens",
-                                        path, d, index_at + 8 * d, s, h.num_tokens));
+            throw DataError(
+                fmt::format("shard '{}': document index entry {} at byte {} is {}, "
+                            "out of order or past {} tokens",
+                            path, d, index_at + 8 * d, s, h.num_tokens));
         }
         prev = s;
     }
@@ -134,16 +139,18 @@ uint64_t ShardReader::file_hash() const { return xxhash64(data_, size_); }
 void ShardReader::verify(const std::string& expected) const {
     const std::string got = hex64(file_hash());
     if (got != expected) {
-        throw DataError(fmt::format("shard '{}' is corrupt: xxh64 of its {} bytes is {}, the "
-                                    "manifest says {}; re-run `apiary data prepare`",
-                                    path_, size_, got, expected));
+        throw DataError(
+            fmt::format("shard '{}' is corrupt: xxh64 of its {} bytes is {}, the "
+                        "manifest says {}; re-run `apiary data prepare`",
+                        path_, size_, got, expected));
     }
     for (uint64_t i = 0; i < header_.num_tokens; ++i) {
         if (token(i) >= header_.vocab_size) {
-            throw DataError(fmt::format("shard '{}': token {} at byte {} is {}, past the "
-                                        "vocabulary size {}",
-                                        path_, i, kShardHeaderBytes + i * header_.token_bytes,
-                                        token(i), header_.vocab_size));
+            throw DataError(
+                fmt::format("shard '{}': token {} at byte {} is {}, past the "
+                            "vocabulary size {}",
+                            path_, i, kShardHeaderBytes + i * header_.token_bytes, token(i),
+                            header_.vocab_size));
         }
     }
 }
@@ -194,8 +201,12 @@ nlohmann::ordered_json Manifest::to_json() const {
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
     for (const auto& s : shards) {
         (s.split == "val" ? val : train) += s.tokens;
-        list.push_back({{"file", s.file}, {"split", s.split}, {"tokens", s.tokens},
-                        {"documents", s.documents}, {"bytes", s.bytes}, {"xxh64", s.xxh64}});
+        list.push_back({{"file", s.file},
+                        {"split", s.split},
+                        {"tokens", s.tokens},
+                        {"documents", s.documents},
+                        {"bytes", s.bytes},
+                        {"xxh64", s.xxh64}});
     }
     j["tokens"] = {{"train", train}, {"val", val}};
     j["shards"] = list;
@@ -211,8 +222,9 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& source)
     Manifest m;
     try {
         if (!j.is_object() || j.value("format", "") != "apiary-token-shards") {
-            throw bad("'format' is not \"apiary-token-shards\"; not a manifest written by "
-                      "`apiary data prepare`");
+            throw bad(
+                "'format' is not \"apiary-token-shards\"; not a manifest written by "
+                "`apiary data prepare`");
         }
         if (j.at("version").get<int>() != 1) throw bad("unsupported 'version'");
         m.tokenizer_hash = j.at("tokenizer").at("hash").get<std::string>();
@@ -232,12 +244,14 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& source)
             s.bytes = e.at("bytes").get<uint64_t>();
             s.xxh64 = e.at("xxh64").get<std::string>();
             if (s.file.empty() || s.file.find("..") != std::string::npos || s.file[0] == '/') {
-                throw bad(fmt::format("shards[{}].file '{}' must be a plain name in the "
-                                      "manifest's directory",
-                                      i, s.file));
+                throw bad(
+                    fmt::format("shards[{}].file '{}' must be a plain name in the "
+                                "manifest's directory",
+                                i, s.file));
             }
             if (s.split != "train" && s.split != "val") {
-                throw bad(fmt::format("shards[{}].split '{}' is neither train nor val", i, s.split));
+                throw bad(
+                    fmt::format("shards[{}].split '{}' is neither train nor val", i, s.split));
             }
             m.shards.push_back(std::move(s));
         }
@@ -253,9 +267,10 @@ Manifest Manifest::load(const std::string& dir_or_file) {
     std::string file = dir_or_file;
     if (fs::is_directory(file)) file = (fs::path(file) / "manifest.json").string();
     if (!fs::exists(file)) {
-        throw DataError(fmt::format("manifest '{}' not found; run `apiary data prepare --out DIR` "
-                                    "first",
-                                    file));
+        throw DataError(
+            fmt::format("manifest '{}' not found; run `apiary data prepare --out DIR` "
+                        "first",
+                        file));
     }
     nlohmann::json j;
     try {

@@ -9,10 +9,9 @@
 // tokenizer's hash and the sources.
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace apiary::data {
 
@@ -42,7 +41,7 @@ uint64_t write_shard(const std::string& path, const std::vector<uint32_t>& token
 // is inside the vocabulary. Errors are DataError naming the file and the byte
 // offset of the first bad byte.
 class ShardReader {
-public:
+  public:
     ShardReader() = default;
     explicit ShardReader(const std::string& path);
     ~ShardReader();
@@ -66,7 +65,7 @@ public:
     void copy_tokens(uint64_t begin, uint64_t n, int32_t* out) const;
     uint64_t doc_start(uint64_t d) const;
 
-private:
+  private:
     void close();
     std::string path_;
     const uint8_t* data_ = nullptr;
@@ -82,7 +81,7 @@ struct ShardInfo {
 };
 
 struct Manifest {
-    std::string dir;  // directory of manifest.json
+    std::string dir;             // directory of manifest.json
     std::string tokenizer_hash;  // hex
     uint64_t vocab_size = 0;
     uint32_t token_bytes = 2;

@@ -45,9 +45,10 @@ void Tokenizer::build_index() {
     }
     for (int b = 0; b < 256; ++b) {
         if (!have[b]) {
-            throw DataError(fmt::format("tokenizer: byte 0x{:02x} has no token; a byte-level BPE "
-                                        "vocabulary needs all 256 single bytes",
-                                        b));
+            throw DataError(
+                fmt::format("tokenizer: byte 0x{:02x} has no token; a byte-level BPE "
+                            "vocabulary needs all 256 single bytes",
+                            b));
         }
     }
     pair_rank_.clear();
@@ -55,23 +56,26 @@ void Tokenizer::build_index() {
     for (uint32_t r = 0; r < merges_.size(); ++r) {
         const auto& m = merges_[r];
         if (m.left >= vocab_.size() || m.right >= vocab_.size() || m.result >= vocab_.size()) {
-            throw DataError(fmt::format("tokenizer: merge {} refers to an id past the vocabulary "
-                                        "size {}",
-                                        r, vocab_.size()));
+            throw DataError(
+                fmt::format("tokenizer: merge {} refers to an id past the vocabulary "
+                            "size {}",
+                            r, vocab_.size()));
         }
         if (vocab_[m.left] + vocab_[m.right] != vocab_[m.result]) {
-            throw DataError(fmt::format("tokenizer: merge {} ({} + {} -> {}) does not concatenate "
-                                        "its parts",
-                                        r, m.left, m.right, m.result));
+            throw DataError(
+                fmt::format("tokenizer: merge {} ({} + {} -> {}) does not concatenate "
+                            "its parts",
+                            r, m.left, m.right, m.result));
         }
         // A pair listed twice keeps its first (lowest) rank, as in Hugging Face.
         pair_rank_.emplace((uint64_t(m.left) << 32) | m.right, r);
     }
     for (const auto& s : specials_) {
         if (s.first.empty() || s.second >= vocab_.size()) {
-            throw DataError(fmt::format("tokenizer: special token '{}' has id {} past the "
-                                        "vocabulary size {} or is empty",
-                                        s.first, s.second, vocab_.size()));
+            throw DataError(
+                fmt::format("tokenizer: special token '{}' has id {} past the "
+                            "vocabulary size {} or is empty",
+                            s.first, s.second, vocab_.size()));
         }
     }
 }
@@ -80,9 +84,10 @@ uint32_t Tokenizer::special_id(const std::string& text) const {
     for (const auto& s : specials_) {
         if (s.first == text) return s.second;
     }
-    throw DataError(fmt::format("tokenizer: no special token '{}'; train or load a tokenizer "
-                                "that has it",
-                                text));
+    throw DataError(
+        fmt::format("tokenizer: no special token '{}'; train or load a tokenizer "
+                    "that has it",
+                    text));
 }
 
 bool Tokenizer::has_special(const std::string& text) const {
@@ -111,8 +116,8 @@ void Tokenizer::Encoder::merge_short(std::string_view piece, std::vector<uint32_
         ids[best] = tok_->merges_[ranks[best]].result;
         ids.erase(ids.begin() + static_cast<ptrdiff_t>(best) + 1);
         ranks.erase(ranks.begin() + static_cast<ptrdiff_t>(best) + 1);
-        ranks[best] = best + 1 < ids.size() ? tok_->merge_of(ids[best], ids[best + 1]).first
-                                            : UINT32_MAX;
+        ranks[best] =
+            best + 1 < ids.size() ? tok_->merge_of(ids[best], ids[best + 1]).first : UINT32_MAX;
         if (best > 0) ranks[best - 1] = tok_->merge_of(ids[best - 1], ids[best]).first;
     }
     out.insert(out.end(), ids.begin(), ids.end());
@@ -272,9 +277,10 @@ std::vector<uint32_t> Tokenizer::encode(std::string_view text, bool allow_specia
 void Tokenizer::decode_append(const uint32_t* ids, size_t n, std::string& out) const {
     for (size_t k = 0; k < n; ++k) {
         if (ids[k] >= vocab_.size()) {
-            throw DataError(fmt::format("decode: token id {} at position {} is past the "
-                                        "vocabulary size {}",
-                                        ids[k], k, vocab_.size()));
+            throw DataError(
+                fmt::format("decode: token id {} at position {} is past the "
+                            "vocabulary size {}",
+                            ids[k], k, vocab_.size()));
         }
         out += vocab_[ids[k]];
     }

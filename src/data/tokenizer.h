@@ -26,7 +26,7 @@ struct Merge {
 };
 
 class Tokenizer {
-public:
+  public:
     Tokenizer() = default;
     // vocab[i] is the byte string of id i; every single byte must occur in
     // it. merges are in rank order. specials are (text, id) with id < vocab size.
@@ -64,13 +64,13 @@ public:
     // Encodes one pre-token with a per-caller cache; the building block for
     // encode() and for streaming encoders that keep their own cache.
     class Encoder {
-    public:
+      public:
         explicit Encoder(const Tokenizer& tok) : tok_(&tok) {}
         void encode(std::string_view text, std::vector<uint32_t>& out, bool allow_special);
         void encode_ordinary(std::string_view text, std::vector<uint32_t>& out);
         void encode_piece(std::string_view piece, std::vector<uint32_t>& out);
 
-    private:
+      private:
         void merge_short(std::string_view piece, std::vector<uint32_t>& out);
         void merge_long(std::string_view piece, std::vector<uint32_t>& out);
         const Tokenizer* tok_;
@@ -78,7 +78,7 @@ public:
         std::vector<uint32_t> ids_, ranks_;
     };
 
-private:
+  private:
     void build_index();
     // (rank, result) of merging ids a then b, or rank == UINT32_MAX.
     std::pair<uint32_t, uint32_t> merge_of(uint32_t a, uint32_t b) const {

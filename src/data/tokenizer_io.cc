@@ -2,9 +2,8 @@
 // merges.txt. Token strings in both use GPT-2's byte-to-printable-character
 // map, so a vocabulary of raw bytes survives JSON.
 
-#include <nlohmann/json.hpp>
-
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "data/file_io.h"
@@ -20,8 +19,8 @@ struct ByteMap {
     ByteMap() {
         int extra = 0;
         for (int b = 0; b < 256; ++b) {
-            const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) ||
-                                   (b >= 0xAE && b <= 0xFF);
+            const bool printable =
+                (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
             to_cp[b] = printable ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + extra++);
             from_cp[to_cp[b]] = static_cast<unsigned char>(b);
         }
@@ -49,8 +48,8 @@ nlohmann::json parse_json(std::string_view text, const std::string& source) {
     try {
         return nlohmann::json::parse(text);
     } catch (const nlohmann::json::parse_error& e) {
-        bad(source, fmt::format("not valid JSON at byte {} ({}); is this a tokenizer.json?",
-                                e.byte, e.what()));
+        bad(source, fmt::format("not valid JSON at byte {} ({}); is this a tokenizer.json?", e.byte,
+                                e.what()));
     }
 }
 
@@ -74,8 +73,13 @@ Tokenizer assemble(const std::vector<std::pair<std::string, int64_t>>& vocab_ent
     int64_t max_id = -1;
     for (const auto& e : vocab_entries) max_id = std::max(max_id, e.second);
     for (const auto& s : specials) max_id = std::max<int64_t>(max_id, s.second);
-    if (max_id < 0 || max_id > (int64_t(1) << 31)) {
-        bad(source, fmt::format("vocabulary is empty or has id {} out of range", max_id));
+    // Ids must be dense, so the largest id is below the number of entries;
+    // checking first also keeps a hostile id from sizing a huge allocation.
+    const int64_t entries = static_cast<int64_t>(vocab_entries.size() + specials.size());
+    if (max_id < 0 || max_id >= entries) {
+        bad(source, fmt::format("vocabulary is empty or has id {} with only {} tokens (ids must "
+                                "be dense from 0)",
+                                max_id, entries));
     }
     std::vector<std::string> vocab(static_cast<size_t>(max_id + 1));
     std::vector<bool> filled(vocab.size(), false);
@@ -154,7 +158,8 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, const std::string& so
         }
         const auto& model = j["model"];
         const std::string type = model.value("type", "BPE");
-        if (type != "BPE") bad(source, fmt::format("model.type is '{}', only BPE is supported", type));
+        if (type != "BPE")
+            bad(source, fmt::format("model.type is '{}', only BPE is supported", type));
         if (!model.contains("vocab") || !model["vocab"].is_object()) {
             bad(source, "model.vocab is missing or not an object");
         }
@@ -196,7 +201,8 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, const std::string& so
         std::vector<std::pair<std::string, int64_t>> vocab;
         vocab.reserve(model["vocab"].size());
         for (const auto& [tok, id] : model["vocab"].items()) {
-            if (!id.is_number_integer()) bad(source, fmt::format("model.vocab['{}'] is not an integer", tok));
+            if (!id.is_number_integer())
+                bad(source, fmt::format("model.vocab['{}'] is not an integer", tok));
             const int64_t v = id.get<int64_t>();
             auto sp = special_ids.find(v);
             if (sp != special_ids.end() && sp->second == tok) {
@@ -211,9 +217,7 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, const std::string& so
     }
 }
 
-Tokenizer Tokenizer::load(const std::string& path) {
-    return from_json_text(read_file(path), path);
-}
+Tokenizer Tokenizer::load(const std::string& path) { return from_json_text(read_file(path), path); }
 
 Tokenizer Tokenizer::load_gpt2(const std::string& vocab_json, const std::string& merges_txt) {
     const nlohmann::json j = parse_json(read_file(vocab_json), vocab_json);
@@ -262,14 +266,20 @@ std::string Tokenizer::to_json_text() const {
     std::vector<bool> is_special(vocab_.size(), false);
     for (const auto& [text, id] : specials_) {
         is_special[id] = true;
-        added.push_back({{"id", id}, {"content", text}, {"single_word", false},
-                         {"lstrip", false}, {"rstrip", false}, {"normalized", false},
+        added.push_back({{"id", id},
+                         {"content", text},
+                         {"single_word", false},
+                         {"lstrip", false},
+                         {"rstrip", false},
+                         {"normalized", false},
                          {"special", true}});
     }
     j["added_tokens"] = added;
     j["normalizer"] = nullptr;
-    const ojson byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false},
-                              {"trim_offsets", true}, {"use_regex", true}};
+    const ojson byte_level = {{"type", "ByteLevel"},
+                              {"add_prefix_space", false},
+                              {"trim_offsets", true},
+                              {"use_regex", true}};
     j["pre_tokenizer"] = byte_level;
     j["post_processor"] = nullptr;
     j["decoder"] = byte_level;
@@ -285,13 +295,19 @@ std::string Tokenizer::to_json_text() const {
     }
     ojson merges = ojson::array();
     for (const auto& m : merges_) {
-        merges.push_back(bytes_to_unicode(vocab_[m.left]) + " " + bytes_to_unicode(vocab_[m.right]));
+        merges.push_back(bytes_to_unicode(vocab_[m.left]) + " " +
+                         bytes_to_unicode(vocab_[m.right]));
     }
-    j["model"] = {{"type", "BPE"},          {"dropout", nullptr},
-                  {"unk_token", nullptr},   {"continuing_subword_prefix", nullptr},
-                  {"end_of_word_suffix", nullptr}, {"fuse_unk", false},
-                  {"byte_fallback", false}, {"ignore_merges", false},
-                  {"vocab", vocab},         {"merges", merges}};
+    j["model"] = {{"type", "BPE"},
+                  {"dropout", nullptr},
+                  {"unk_token", nullptr},
+                  {"continuing_subword_prefix", nullptr},
+                  {"end_of_word_suffix", nullptr},
+                  {"fuse_unk", false},
+                  {"byte_fallback", false},
+                  {"ignore_merges", false},
+                  {"vocab", vocab},
+                  {"merges", merges}};
     return j.dump(1) + "\n";
 }
 

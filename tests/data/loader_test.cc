@@ -2,6 +2,8 @@
 // errors for damaged shards. Sources are synthetic shards whose token at
 // position p of source s is s * 1e6 + p, so every window names its origin.
 
+#include "data/loader.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -10,7 +12,6 @@
 
 #include "core/error.h"
 #include "data/file_io.h"
-#include "data/loader.h"
 #include "data/sampler.h"
 #include "data/shard.h"
 #include "test_util.h"
@@ -25,8 +26,8 @@ constexpr uint64_t kVocab = 1u << 30;
 constexpr char kTokHash[] = "00000000000000aa";
 
 // A source of `shards` shards with `tokens_per_shard` tokens each.
-std::string make_source(const TempDir& tmp, const std::string& name, uint32_t source_id,
-                        int shards, uint64_t tokens_per_shard, const std::string& split = "train") {
+std::string make_source(const TempDir& tmp, const std::string& name, uint32_t source_id, int shards,
+                        uint64_t tokens_per_shard, const std::string& split = "train") {
     const std::string dir = tmp.path(name);
     fs::create_directories(dir);
     Manifest m;
@@ -40,8 +41,8 @@ std::string make_source(const TempDir& tmp, const std::string& name, uint32_t so
         for (auto& t : tokens) t = static_cast<uint32_t>(source_id * 1000000 + p++);
         const std::string file = fmt::format("{}_{:06d}.bin", split, k);
         const uint64_t h = write_shard(dir + "/" + file, tokens, {0}, 4, 0xaa, kVocab);
-        m.shards.push_back({file, split, tokens.size(), 1, fs::file_size(dir + "/" + file),
-                            hex64(h)});
+        m.shards.push_back(
+            {file, split, tokens.size(), 1, fs::file_size(dir + "/" + file), hex64(h)});
     }
     m.save();
     return dir;
@@ -84,10 +85,9 @@ TEST(Sampler, PermutationIsABijectionAndDependsOnTheStream) {
 }
 
 TEST(Sampler, MixtureIsWithinOneSampleOfExactAtEveryPrefix) {
-    for (const std::vector<double>& w : {std::vector<double>{0.7, 0.2, 0.1},
-                                         std::vector<double>{1, 1, 1},
-                                         std::vector<double>{0.5, 0.3, 0.15, 0.05},
-                                         std::vector<double>{0.999, 0.001}}) {
+    for (const std::vector<double>& w :
+         {std::vector<double>{0.7, 0.2, 0.1}, std::vector<double>{1, 1, 1},
+          std::vector<double>{0.5, 0.3, 0.15, 0.05}, std::vector<double>{0.999, 0.001}}) {
         Mixer m(w);
         double sum = 0;
         for (double x : w) sum += x;
@@ -115,7 +115,8 @@ TEST(Loader, EpochIsAPermutationOfAllWindowsAndDiffersByEpoch) {
         for (auto id : window_ids(loader.next_batch(), 5)) epoch1.push_back(id);
     }
     std::set<uint32_t> all;
-    for (uint64_t w = 0; w < 30; ++w) all.insert(static_cast<uint32_t>((w / 10) * 161 + (w % 10) * 16));
+    for (uint64_t w = 0; w < 30; ++w)
+        all.insert(static_cast<uint32_t>((w / 10) * 161 + (w % 10) * 16));
     EXPECT_EQ(std::set<uint32_t>(epoch0.begin(), epoch0.end()), all);
     EXPECT_EQ(std::set<uint32_t>(epoch1.begin(), epoch1.end()), all);
     EXPECT_NE(epoch0, epoch1);
@@ -171,8 +172,8 @@ TEST(Loader, CurriculumLengths) {
     o.curriculum_steps = 4;
     {
         Loader loader(o);  // tokens mode: T rounds down to a divisor of 64, B * T constant
-        const std::vector<std::pair<int64_t, int64_t>> want = {
-            {8, 16}, {8, 16}, {4, 32}, {4, 32}, {2, 64}, {2, 64}};
+        const std::vector<std::pair<int64_t, int64_t>> want = {{8, 16}, {8, 16}, {4, 32},
+                                                               {4, 32}, {2, 64}, {2, 64}};
         for (const auto& [wb, wt] : want) {
             const Batch& b = loader.next_batch();
             EXPECT_EQ(b.B, wb);

@@ -1,5 +1,7 @@
 // `data prepare`: formats, document index, validation split, resume, errors.
 
+#include "data/prepare.h"
+
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <zstd.h>
@@ -10,7 +12,6 @@
 #include "core/error.h"
 #include "data/bpe_train.h"
 #include "data/file_io.h"
-#include "data/prepare.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
 #include "test_util.h"
@@ -167,7 +168,8 @@ TEST(Prepare, InterruptedRunResumesWithoutRedoingShards) {
 TEST(Prepare, BadJsonlLineIsNamedByFileAndLine) {
     TempDir tmp("prepare_badjsonl");
     Corpus c = make_corpus(tmp);
-    testing::write_text(tmp.path("bad.jsonl"), "{\"body\": \"ok\"}\n{\"body\": \"ok\"}\n{\"body\": nope}\n");
+    testing::write_text(tmp.path("bad.jsonl"),
+                        "{\"body\": \"ok\"}\n{\"body\": \"ok\"}\n{\"body\": nope}\n");
     auto o = prep_options(c, tmp.path("out"));
     o.inputs = {tmp.path("bad.jsonl")};
     try {

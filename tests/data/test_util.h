@@ -13,13 +13,13 @@ namespace apiary::data::testing {
 
 // A fresh directory under the build tree, removed by the destructor.
 class TempDir {
-public:
+  public:
     explicit TempDir(const std::string& name);
     ~TempDir();
     std::string path(const std::string& file) const { return (dir_ / file).string(); }
     const std::filesystem::path& dir() const { return dir_; }
 
-private:
+  private:
     std::filesystem::path dir_;
 };
 

@@ -2,10 +2,9 @@
 // `gpt2` encoding with GPT-2's own vocabulary, and Hugging Face's JavaScript
 // tokenizers loading a tokenizer.json that apiary trained.
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unicode/uchar.h>
-
-#include <fmt/format.h>
 
 #include <random>
 
@@ -37,9 +36,9 @@ std::string context(const Tokenizer& tok, const std::vector<uint32_t>& ids, size
 void expect_same_ids(const Tokenizer& tok, const std::vector<uint32_t>& ours,
                      const std::vector<uint32_t>& theirs) {
     for (size_t i = 0; i < std::min(ours.size(), theirs.size()); ++i) {
-        ASSERT_EQ(ours[i], theirs[i]) << "first difference at token " << i << "\n  ours:   "
-                                      << context(tok, ours, i) << "\n  theirs: "
-                                      << context(tok, theirs, i);
+        ASSERT_EQ(ours[i], theirs[i])
+            << "first difference at token " << i << "\n  ours:   " << context(tok, ours, i)
+            << "\n  theirs: " << context(tok, theirs, i);
     }
     ASSERT_EQ(ours.size(), theirs.size());
 }

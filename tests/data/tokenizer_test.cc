@@ -1,6 +1,8 @@
 // Byte-level BPE: pre-tokenization, round trips, training, file formats, and
 // agreement with tiktoken and Hugging Face's JavaScript tokenizers.
 
+#include "data/tokenizer.h"
+
 #include <gtest/gtest.h>
 
 #include <random>
@@ -8,7 +10,6 @@
 #include "core/error.h"
 #include "data/bpe_train.h"
 #include "data/pretokenize.h"
-#include "data/tokenizer.h"
 #include "test_util.h"
 
 namespace apiary::data {
@@ -71,8 +72,8 @@ TEST(Tokenizer, ParallelEncodeEqualsSequential) {
     const Tokenizer tok = gpt2();
     std::string text;
     std::mt19937_64 rng(3);
-    const char* words[] = {"the ", "quick ", "brown\n", "fox's ", "  jumps", "<|endoftext|>",
-                           "\xe4\xb8\xad ", "42 ", "!!", "a"};
+    const char* words[] = {"the ",          "quick ",        "brown\n", "fox's ", "  jumps",
+                           "<|endoftext|>", "\xe4\xb8\xad ", "42 ",     "!!",     "a"};
     while (text.size() < (3u << 20)) text += words[rng() % 10];
     EXPECT_EQ(tok.encode(text, true, 4), tok.encode(text, true, 1));
 }
@@ -86,7 +87,8 @@ TEST(BpeTrain, ReproducesHandCheckedMerges) {
     const Tokenizer tok = trainer.train();
     ASSERT_EQ(tok.merges().size(), 4u);
     std::vector<std::pair<std::string, std::string>> got;
-    for (const auto& m : tok.merges()) got.emplace_back(tok.token_bytes(m.left), tok.token_bytes(m.right));
+    for (const auto& m : tok.merges())
+        got.emplace_back(tok.token_bytes(m.left), tok.token_bytes(m.right));
     const std::vector<std::pair<std::string, std::string>> want = {
         {"a", "b"}, {" ", "ab"}, {"ab", "ab"}, {" ab", "ab"}};
     EXPECT_EQ(got, want);

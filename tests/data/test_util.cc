@@ -1,5 +1,7 @@
 #include "test_util.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -35,8 +37,10 @@ std::string kjv_path() {
     const fs::path p = fs::path(APIARY_BINARY_DIR) / "test_tmp" / "kjv.txt";
     if (!fs::exists(p) || fs::file_size(p) < 4000000) {
         fs::create_directories(p.parent_path());
-        run_or_fail("bible gen1:1-rev22:21 > '" + p.string() + ".part' && mv '" + p.string() +
-                    ".part' '" + p.string() + "'");
+        // A per-process temporary name: ctest runs tests of one binary in parallel.
+        const std::string part = p.string() + "." + std::to_string(::getpid());
+        run_or_fail("bible gen1:1-rev22:21 > '" + part + "' && mv '" + part + "' '" +
+                    p.string() + "'");
     }
     return p.string();
 }

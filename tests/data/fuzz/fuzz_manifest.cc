@@ -30,5 +30,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         (void)m.to_json().dump();
     } catch (const apiary::Error&) {
     }
+    std::filesystem::remove_all(dir);
     return 0;
 }

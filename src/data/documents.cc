@@ -106,20 +106,28 @@ class ByteSource {
 void text_pieces(ByteSource& src, const DocumentOptions& options, const PieceFn& fn) {
     std::string buf;
     bool first = true, more = true;
-    while (more) {
-        while (more && buf.size() < options.block_bytes) more = src.read(buf, options.block_bytes);
-        // Keep the tail after the last safe split point for the next block.
+    size_t want = options.block_bytes;
+    while (more || !buf.empty()) {
+        while (more && buf.size() < want) more = src.read(buf, options.block_bytes);
+        // Emit up to a safe split point (preferably in the second half) and
+        // keep the tail. Without one, read up to 4 blocks before cutting
+        // anyway: text with no space after a letter for that long may then
+        // tokenize differently at the cut, but still round-trips.
         size_t cut = buf.size();
         if (more) {
-            const size_t p = safe_split_point(buf, buf.size() / 2);
-            if (p < buf.size())
+            size_t p = safe_split_point(buf, buf.size() / 2);
+            if (p == buf.size()) p = safe_split_point(buf, 1);
+            if (p < buf.size()) {
                 cut = p;
-            else if (buf.size() < 4 * options.block_bytes)
-                continue;  // no split point yet
+            } else if (want < 4 * options.block_bytes) {
+                want *= 2;
+                continue;
+            }
         }
         fn(std::string_view(buf).substr(0, cut), first);
         first = false;
         buf.erase(0, cut);
+        want = options.block_bytes;
     }
     if (first) fn(std::string_view(), true);  // an empty file is an empty document
 }

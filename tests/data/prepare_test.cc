@@ -208,5 +208,38 @@ TEST(Prepare, LargeVocabularyUsesUint32Tokens) {
     EXPECT_EQ(r.token(0), 70000u);
 }
 
+// A plain-text document larger than a unit is cut at pre-token boundaries, so
+// its tokens equal those of encoding the whole text; text with no such
+// boundary (no spaces) is still cut, and still round-trips.
+TEST(Prepare, LongTextDocumentsStreamInBlocks) {
+    TempDir tmp("prepare_long");
+    Corpus c = make_corpus(tmp);
+    std::string prose;
+    for (const auto& d : c.docs) prose += d;
+    const std::string solid(20000, 'x');
+    testing::write_text(tmp.path("prose.txt"), prose);
+    testing::write_text(tmp.path("solid.txt"), solid);
+    const Tokenizer tok = Tokenizer::load(c.tokenizer);
+    for (const auto& [name, text] : {std::pair{"prose", prose}, std::pair{"solid", solid}}) {
+        auto o = prep_options(c, tmp.path(std::string("out_") + name));
+        o.inputs = {tmp.path(std::string(name) + ".txt")};
+        o.val_fraction = 0;
+        prepare(o);
+        const Manifest m = Manifest::load(o.out);
+        std::vector<uint32_t> ids;
+        for (const auto& s : m.shards) {
+            ShardReader r(m.shard_path(s));
+            for (uint64_t i = 0; i < r.num_tokens(); ++i) ids.push_back(r.token(i));
+        }
+        ASSERT_FALSE(ids.empty());
+        EXPECT_EQ(ids[0], tok.special_id("<|endoftext|>"));
+        ids.erase(ids.begin());
+        EXPECT_EQ(tok.decode(ids), text) << name;
+        if (std::string(name) == "prose") {
+            EXPECT_EQ(ids, tok.encode(text, false));
+        }
+    }
+}
+
 }  // namespace
 }  // namespace apiary::data

@@ -58,12 +58,22 @@ void train() {
     size_t bytes = 0;
     data::DocumentOptions dopt;
     dopt.jsonl_field = opt.jsonl_field;
+    // Small documents (JSONL lines) are batched into ~8 MB calls joined by
+    // <|endoftext|>, which the trainer cuts out, so words never run across
+    // documents and each call has enough text to use every core.
+    std::string batch;
     for (const auto& path : opt.inputs) {
         data::for_each_block(path, dopt, [&](std::string_view block) {
             bytes += block.size();
-            trainer.add_text(block);
+            batch.append(block);
+            batch.append("<|endoftext|>");
+            if (batch.size() >= (8u << 20)) {
+                trainer.add_text(batch);
+                batch.clear();
+            }
         });
     }
+    trainer.add_text(batch);
     const auto t1 = std::chrono::steady_clock::now();
     const data::Tokenizer tok = trainer.train();
     const auto t2 = std::chrono::steady_clock::now();

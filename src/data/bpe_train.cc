@@ -76,6 +76,10 @@ void BpeTrainer::add_text(std::string_view text) {
         cuts.push_back(safe_split_point(text, std::min(text.size(), cuts.back() + kChunkBytes)));
     }
     const size_t chunks = cuts.size() - 1;
+    if (chunks <= 1) {  // not worth a parallel region
+        count_chunk(text, words_);
+        return;
+    }
     const int threads = options_.num_threads > 0 ? options_.num_threads : omp_get_max_threads();
     std::vector<std::unordered_map<std::string, uint64_t>> local(static_cast<size_t>(threads));
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)

@@ -1,4 +1,4 @@
-// `apiary tokenizer train|encode|decode|info`: byte-level BPE (data/tokenizer.h).
+// `apiary tokenizer train|encode|decode|convert|info`: byte-level BPE (data/tokenizer.h).
 
 #include <fmt/format.h>
 
@@ -137,6 +137,16 @@ void setup(CLI::App& app) {
         }
         const std::string out = tok.decode(ids);
         std::fwrite(out.data(), 1, out.size(), stdout);
+    });
+
+    auto* conv = cmd->add_subcommand("convert", "write any loadable tokenizer as tokenizer.json");
+    add_source_options(conv);
+    conv->add_option("--out", opt.out, "output tokenizer.json")->required();
+    conv->callback([] {
+        const auto tok = load_tokenizer();
+        tok.save(opt.out);
+        fmt::print("wrote {} ({} tokens, hash {})\n", opt.out, tok.vocab_size(),
+                   data::hex64(tok.hash()));
     });
 
     auto* info = cmd->add_subcommand("info", "vocabulary size, merges, special tokens, hash");

@@ -133,5 +133,20 @@ TEST(TokenizerPeers, TrainedTokenizerJsonEncodesTheSameInHuggingFaceJs) {
     expect_same_ids(tok, tok.encode(text, false), testing::read_u32(tmp.path("ids.u32")));
 }
 
+TEST(TokenizerPeers, Gpt2AsTokenizerJsonEncodesTheBibleInHuggingFaceJsLikeTiktoken) {
+    const std::string peers = testing::peers_dir();
+    TempDir tmp("tok_hfjs_gpt2");
+    const std::string kjv = testing::kjv_path();
+    const Tokenizer tok = gpt2();
+    tok.save(tmp.path("gpt2.json"));
+    testing::run_or_fail("node '" + peers + "/hf_encode.mjs' '" + tmp.path("gpt2.json") + "' '" +
+                         kjv + "' '" + tmp.path("hf.u32") + "'");
+    testing::run_or_fail("node '" + peers + "/tiktoken_encode.mjs' '" + kjv + "' '" +
+                         tmp.path("tt.u32") + "'");
+    const auto hf = testing::read_u32(tmp.path("hf.u32"));
+    expect_same_ids(tok, hf, testing::read_u32(tmp.path("tt.u32")));
+    expect_same_ids(tok, tok.encode(testing::read_file_text(kjv), false), hf);
+}
+
 }  // namespace
 }  // namespace apiary::data

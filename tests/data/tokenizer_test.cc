@@ -123,6 +123,14 @@ TEST(Tokenizer, SaveLoadRoundTrip) {
     EXPECT_EQ(back.encode(s), tok.encode(s));
 }
 
+TEST(Tokenizer, Gpt2FilesConvertToTokenizerJsonAndBack) {
+    const Tokenizer tok = gpt2();
+    const Tokenizer back = Tokenizer::from_json_text(tok.to_json_text(), "gpt2.json");
+    EXPECT_EQ(back.hash(), tok.hash());
+    EXPECT_EQ(back.vocab_size(), 50257u);
+    EXPECT_EQ(back.special_id("<|endoftext|>"), 50256u);
+}
+
 void expect_data_error(const std::string& json, const std::string& needle) {
     try {
         Tokenizer::from_json_text(json, "bad.json");

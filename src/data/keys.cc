@@ -18,7 +18,7 @@ void add_keys(core::Schema& s) {
     s.add_bool("data.shuffle", true, "shuffle training windows (validation is never shuffled)");
     s.add_int("data.prefetch", 4, "batches the loader thread prepares ahead (0: no thread)", 0,
               1024);
-    s.add_bool("data.verify", true, "check shard checksums and token ranges when opening");
+    s.add_bool("data.verify", true, "check each shard's checksum and token range before its first use");
     s.add_string("data.cache_dir", ".cache/apiary-shards",
                  "local cache for http(s):// sources (least recently used files go first)");
     s.add_int("data.cache_mb", 10240, "size bound of data.cache_dir in MiB", 1);

@@ -97,7 +97,8 @@ void Loader::open_sources() {
                                 "from the manifest's {}",
                                 r.path(), hex64(r.tokenizer_hash()), m.tokenizer_hash));
             }
-            if (opt_.verify) r.verify(info.xxh64);
+            src.xxh64.push_back(info.xxh64);
+            src.verified.push_back(!opt_.verify || remote);  // the cache checked remote ones
             if (r.num_tokens() != info.tokens) {
                 throw DataError(fmt::format("shard '{}' has {} tokens, the manifest says {}",
                                             r.path(), r.num_tokens(), info.tokens));
@@ -150,6 +151,10 @@ void Loader::read_window(size_t s, uint64_t draw, int32_t* out) const {
     const size_t k = static_cast<size_t>(
         std::upper_bound(src.first_window.begin(), src.first_window.end(), idx) -
         src.first_window.begin() - 1);
+    if (!src.verified[k]) {
+        src.shards[k].verify(src.xxh64[k]);
+        src.verified[k] = true;
+    }
     src.shards[k].copy_tokens((idx - src.first_window[k]) * uint64_t(opt_.seq_len),
                               uint64_t(opt_.seq_len) + 1, out);
 }

@@ -74,7 +74,7 @@ struct LoaderOptions {
     int64_t curriculum_steps = 0;
     CurriculumMode curriculum_mode = CurriculumMode::tokens;
     int prefetch = 4;            // batches queued ahead; 0: no thread
-    bool verify = true;          // check every shard's checksum and tokens on open
+    bool verify = true;          // check a shard's checksum and tokens before its first use
     std::string tokenizer_hash;  // hex; if set, every manifest must match
     RemoteOptions remote;        // cache for http(s) sources (data/remote.h)
 
@@ -121,6 +121,11 @@ class Loader {
         Manifest manifest;
         std::vector<ShardReader> shards;
         std::vector<uint64_t> first_window;  // prefix sums of windows per shard
+        std::vector<std::string> xxh64;      // expected checksum per shard
+        // Shards are checksummed lazily, on first use, so that opening
+        // thousands of shards reads headers only. Only the one thread that
+        // produces batches touches this.
+        mutable std::vector<bool> verified;
         uint64_t windows = 0;
     };
     struct Cursor {

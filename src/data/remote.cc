@@ -1,0 +1,217 @@
+#include "data/remote.h"
+
+#include <curl/curl.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <mutex>
+#include <vector>
+
+#include "core/error.h"
+#include "data/file_io.h"
+
+namespace apiary::data {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void init_curl() {
+    static std::once_flag once;
+    std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+struct Sink {
+    std::string* text = nullptr;
+    FILE* file = nullptr;
+    uint64_t received = 0;
+    uint64_t limit = UINT64_MAX;  // refuse bodies longer than asked for
+};
+
+size_t on_data(char* ptr, size_t size, size_t n, void* user) {
+    auto* s = static_cast<Sink*>(user);
+    const size_t len = size * n;
+    if (s->received + len > s->limit) return 0;  // makes curl fail with a write error
+    if (s->text) s->text->append(ptr, len);
+    if (s->file && std::fwrite(ptr, 1, len, s->file) != len) return 0;
+    s->received += len;
+    return len;
+}
+
+// One GET (optionally of a byte range); returns the curl code and HTTP status.
+std::pair<CURLcode, long> http_get(const std::string& url, const std::string& range, Sink& sink,
+                                   long connect_timeout_s, std::string* error) {
+    init_curl();
+    CURL* c = curl_easy_init();
+    char err[CURL_ERROR_SIZE] = {};
+    curl_easy_setopt(c, CURLOPT_URL, url.c_str());
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &sink);
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, err);
+    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, connect_timeout_s);
+    // A stalled transfer (< 1 KB/s for 30 s) counts as dropped and is retried.
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, 30L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    if (!range.empty()) curl_easy_setopt(c, CURLOPT_RANGE, range.c_str());
+    const CURLcode rc = curl_easy_perform(c);
+    long status = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+    curl_easy_cleanup(c);
+    *error = err[0] ? err : curl_easy_strerror(rc);
+    return {rc, status};
+}
+
+}  // namespace
+
+bool is_url(const std::string& path) {
+    return path.rfind("http://", 0) == 0 || path.rfind("https://", 0) == 0;
+}
+
+ShardCache::ShardCache(RemoteOptions options) : opt_(std::move(options)) {
+    fs::create_directories(opt_.cache_dir);
+}
+
+std::string ShardCache::fetch_text(const std::string& url) const {
+    std::string last;
+    for (int attempt = 0; attempt < opt_.retries; ++attempt) {
+        std::string body, error;
+        Sink sink;
+        sink.text = &body;
+        sink.limit = 1u << 30;
+        const auto [rc, status] = http_get(url, "", sink, opt_.connect_timeout_s, &error);
+        if (rc == CURLE_OK && status == 200) return body;
+        if (rc == CURLE_OK) {
+            throw IoError(fmt::format("cannot fetch '{}': HTTP status {}", url, status));
+        }
+        last = error;
+    }
+    throw IoError(fmt::format("cannot fetch '{}': {} (after {} attempts); is the server up?", url,
+                              last, opt_.retries));
+}
+
+Manifest ShardCache::manifest(const std::string& url) const {
+    std::string base = url;
+    while (!base.empty() && base.back() == '/') base.pop_back();
+    const std::string murl = base + "/manifest.json";
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(fetch_text(murl));
+    } catch (const nlohmann::json::parse_error& e) {
+        throw DataError(fmt::format("manifest '{}': not valid JSON at byte {}", murl, e.byte));
+    }
+    Manifest m = Manifest::from_json(j, murl);
+    m.dir = base;
+    return m;
+}
+
+void ShardCache::download(const std::string& url, const std::string& tmp, uint64_t bytes) const {
+    FILE* f = std::fopen(tmp.c_str(), "wb");
+    if (!f) throw IoError(fmt::format("cannot create '{}' in the shard cache", tmp));
+    uint64_t offset = 0;
+    int failures = 0;
+    std::string error;
+    while (offset < bytes) {
+        const uint64_t end = std::min<uint64_t>(bytes, offset + opt_.range_bytes) - 1;
+        Sink sink;
+        sink.file = f;
+        sink.limit = end - offset + 1;
+        const auto [rc, status] =
+            http_get(url, fmt::format("{}-{}", offset, end), sink, opt_.connect_timeout_s, &error);
+        const uint64_t before = offset;
+        if (status == 200 && offset > 0) {
+            std::fclose(f);
+            throw IoError(
+                fmt::format("'{}' ignores HTTP range requests (status 200 for a range "
+                            "from byte {}); serve it from a server that supports them",
+                            url, offset));
+        }
+        if (status != 0 && status != 200 && status != 206) {
+            std::fclose(f);
+            throw IoError(fmt::format("cannot fetch '{}' bytes {}-{}: HTTP status {}", url, offset,
+                                      end, status));
+        }
+        offset += sink.received;  // what arrived is kept, even from a dropped connection
+        if (rc == CURLE_OK && offset == end + 1) {
+            failures = 0;
+            continue;
+        }
+        failures = offset > before ? 0 : failures + 1;
+        if (rc == CURLE_OK) error = "the server closed the response early";
+        if (failures >= opt_.retries) {
+            std::fclose(f);
+            throw IoError(
+                fmt::format("cannot fetch '{}': {} at byte {} of {} ({} attempts "
+                            "without progress)",
+                            url, error, offset, bytes, failures));
+        }
+    }
+    if (std::fflush(f) != 0 || ::fsync(fileno(f)) != 0) {
+        std::fclose(f);
+        throw IoError(fmt::format("cannot write '{}' in the shard cache", tmp));
+    }
+    std::fclose(f);
+}
+
+std::string ShardCache::get(const std::string& url, uint64_t bytes, const std::string& xxh64) {
+    const std::string name = hex64(xxhash64(url.data(), url.size())) + "_" + xxh64 + ".bin";
+    const fs::path path = fs::path(opt_.cache_dir) / name;
+    if (fs::exists(path) && fs::file_size(path) == bytes) {
+        ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // most recently used now
+        return path.string();
+    }
+    make_room(bytes);
+    const std::string tmp = path.string() + "." + std::to_string(::getpid()) + ".part";
+    download(url, tmp, bytes);
+    ++downloads_;
+    const std::string got = hex64(xxhash64_file(tmp));
+    if (got != xxh64) {
+        fs::remove(tmp);
+        throw DataError(
+            fmt::format("shard '{}' is corrupt: xxh64 of the {} bytes downloaded is "
+                        "{}, the manifest says {}",
+                        url, bytes, got, xxh64));
+    }
+    fs::rename(tmp, path);
+    return path.string();
+}
+
+uint64_t ShardCache::cached_bytes() const {
+    uint64_t total = 0;
+    for (const auto& e : fs::directory_iterator(opt_.cache_dir)) {
+        if (e.path().extension() == ".bin") total += e.file_size();
+    }
+    return total;
+}
+
+void ShardCache::make_room(uint64_t bytes) const {
+    struct Entry {
+        fs::path path;
+        uint64_t size;
+        int64_t mtime_ns;
+    };
+    std::vector<Entry> entries;
+    uint64_t total = 0;
+    for (const auto& e : fs::directory_iterator(opt_.cache_dir)) {
+        if (e.path().extension() != ".bin") continue;
+        struct stat st {};
+        if (::stat(e.path().c_str(), &st) != 0) continue;
+        entries.push_back({e.path(), uint64_t(st.st_size),
+                           int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec});
+        total += uint64_t(st.st_size);
+    }
+    std::sort(entries.begin(), entries.end(),
+              [](const Entry& a, const Entry& b) { return a.mtime_ns < b.mtime_ns; });
+    for (const auto& e : entries) {
+        if (total + bytes <= opt_.cache_bytes) break;
+        std::error_code ec;
+        if (fs::remove(e.path, ec)) total -= e.size;
+    }
+}
+
+}  // namespace apiary::data

@@ -1,0 +1,58 @@
+#pragma once
+// Remote shards: `http(s)://` sources read through libcurl into a local,
+// size-bounded cache.
+//
+// A source path that is a URL names a directory: URL/manifest.json is fetched
+// first, then each shard URL/<file> is downloaded with HTTP range requests of
+// `range_bytes`; a connection that drops mid-file resumes from the last byte
+// received (up to `retries` attempts in a row without progress). Every
+// download is checked against the manifest's size and xxhash64 before it is
+// renamed into the cache, so a shard in the cache is always whole and right.
+//
+// Cache files are named by the URL's hash and the expected checksum (a
+// changed remote file is a different entry). The cache is least-recently-used
+// by file mtime (a hit touches it); before a download, the oldest files are
+// removed until the new one fits in `cache_bytes`. A shard that is mapped by
+// a running loader stays readable after eviction (Linux keeps unlinked,
+// mapped files), so eviction never breaks a run; it only bounds disk use.
+
+#include <cstdint>
+#include <string>
+
+#include "data/shard.h"
+
+namespace apiary::data {
+
+bool is_url(const std::string& path);
+
+struct RemoteOptions {
+    std::string cache_dir = ".cache/apiary-shards";
+    uint64_t cache_bytes = 10ull << 30;
+    size_t range_bytes = 16u << 20;
+    int retries = 5;
+    long connect_timeout_s = 10;
+};
+
+class ShardCache {
+  public:
+    explicit ShardCache(RemoteOptions options);
+
+    // The body of a small document (e.g. a manifest); IoError naming the URL.
+    std::string fetch_text(const std::string& url) const;
+    // A local path holding url's content, downloaded unless cached; DataError
+    // if the download's size or xxhash64 differs from the expected one.
+    std::string get(const std::string& url, uint64_t bytes, const std::string& xxh64);
+    // URL/manifest.json, parsed; its dir is the URL, so shard_path() gives URLs.
+    Manifest manifest(const std::string& url) const;
+
+    uint64_t downloads() const { return downloads_; }  // files fetched by this object
+    uint64_t cached_bytes() const;
+
+  private:
+    void make_room(uint64_t bytes) const;
+    void download(const std::string& url, const std::string& tmp, uint64_t bytes) const;
+    RemoteOptions opt_;
+    uint64_t downloads_ = 0;
+};
+
+}  // namespace apiary::data

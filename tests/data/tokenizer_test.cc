@@ -1,0 +1,162 @@
+// Byte-level BPE: pre-tokenization, round trips, training, file formats, and
+// agreement with tiktoken and Hugging Face's JavaScript tokenizers.
+
+#include "data/tokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "core/error.h"
+#include "data/bpe_train.h"
+#include "data/pretokenize.h"
+#include "test_util.h"
+
+namespace apiary::data {
+namespace {
+
+using testing::TempDir;
+
+std::vector<std::string> pieces(std::string_view s) {
+    std::vector<std::string> out;
+    for_each_pretoken(s, [&](std::string_view p) { out.emplace_back(p); });
+    return out;
+}
+
+using V = std::vector<std::string>;
+
+TEST(Pretokenize, MatchesTheGpt2RegexOnHandCheckedCases) {
+    EXPECT_EQ(pieces("Hello world"), (V{"Hello", " world"}));
+    EXPECT_EQ(pieces("I'm here"), (V{"I", "'m", " here"}));
+    EXPECT_EQ(pieces("don't"), (V{"don", "'t"}));
+    EXPECT_EQ(pieces("'S"), (V{"'", "S"}));  // contractions are case-sensitive
+    EXPECT_EQ(pieces("a  b"), (V{"a", " ", " b"}));
+    EXPECT_EQ(pieces("a\n\nb"), (V{"a", "\n", "\n", "b"}));
+    EXPECT_EQ(pieces("x   "), (V{"x", "   "}));
+    EXPECT_EQ(pieces("123abc !!!?"), (V{"123", "abc", " !!!?"}));
+    EXPECT_EQ(pieces("caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87"),
+              (V{"caf\xc3\xa9", " \xe4\xb8\xad\xe6\x96\x87"}));
+    // An invalid byte is its own "other" character and joins a punctuation run.
+    EXPECT_EQ(pieces("a\xff!b"), (V{"a", "\xff!", "b"}));
+}
+
+Tokenizer gpt2() { return Tokenizer::load_gpt2(testing::gpt2_vocab(), testing::gpt2_merges()); }
+
+TEST(Tokenizer, RoundTripsRandomBytesIncludingInvalidUtf8) {
+    const Tokenizer tok = gpt2();
+    std::mt19937_64 rng(7);
+    for (int trial = 0; trial < 200; ++trial) {
+        std::string s(rng() % 300, '\0');
+        for (auto& c : s) {
+            // Half the strings favour ASCII so that merges actually fire.
+            c = static_cast<char>(trial % 2 ? rng() % 256 : 32 + rng() % 96);
+        }
+        const auto ids = tok.encode(s);
+        ASSERT_EQ(tok.decode(ids), s) << "trial " << trial;
+    }
+    // One long piece takes the heap merge path.
+    const std::string long_word(5000, 'a');
+    EXPECT_EQ(tok.decode(tok.encode(long_word)), long_word);
+}
+
+TEST(Tokenizer, Gpt2KnownIds) {
+    const Tokenizer tok = gpt2();
+    // "Hello world" and <|endoftext|> as every GPT-2 implementation encodes them.
+    EXPECT_EQ(tok.encode("Hello world"), (std::vector<uint32_t>{15496, 995}));
+    EXPECT_EQ(tok.encode("<|endoftext|>"), (std::vector<uint32_t>{50256}));
+    EXPECT_NE(tok.encode("<|endoftext|>", /*allow_special=*/false).size(), 1u);
+    EXPECT_EQ(tok.special_id("<|endoftext|>"), 50256u);
+}
+
+TEST(Tokenizer, ParallelEncodeEqualsSequential) {
+    const Tokenizer tok = gpt2();
+    std::string text;
+    std::mt19937_64 rng(3);
+    const char* words[] = {"the ",          "quick ",        "brown\n", "fox's ", "  jumps",
+                           "<|endoftext|>", "\xe4\xb8\xad ", "42 ",     "!!",     "a"};
+    while (text.size() < (3u << 20)) text += words[rng() % 10];
+    EXPECT_EQ(tok.encode(text, true, 4), tok.encode(text, true, 1));
+}
+
+TEST(BpeTrain, ReproducesHandCheckedMerges) {
+    // Pre-tokens "abab", " abab", " ab". Pair counts: (a,b)=5, (b,a)=2,
+    // (' ',a)=2 -> merge ab. Then (' ',ab)=2 ties (ab,ab)=2 and wins on the
+    // smaller ids; then (ab,ab)=1 ties (' ab',ab)=1 and wins the same way.
+    BpeTrainer trainer({.vocab_size = 261, .specials = {"<|endoftext|>"}, .num_threads = 2});
+    trainer.add_text("abab abab ab<|endoftext|>");
+    const Tokenizer tok = trainer.train();
+    ASSERT_EQ(tok.merges().size(), 4u);
+    std::vector<std::pair<std::string, std::string>> got;
+    for (const auto& m : tok.merges())
+        got.emplace_back(tok.token_bytes(m.left), tok.token_bytes(m.right));
+    const std::vector<std::pair<std::string, std::string>> want = {
+        {"a", "b"}, {" ", "ab"}, {"ab", "ab"}, {" ab", "ab"}};
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(tok.vocab_size(), 261u);
+    EXPECT_EQ(tok.special_id("<|endoftext|>"), 260u);
+    EXPECT_EQ(tok.encode(" abab"), (std::vector<uint32_t>{259}));
+    // Equal ranks merge leftmost first: ab ab ab -> abab ab.
+    EXPECT_EQ(tok.encode("ababab"), (std::vector<uint32_t>{258, 256}));
+}
+
+TEST(BpeTrain, ThreadCountDoesNotChangeTheResult) {
+    std::string text;
+    std::mt19937_64 rng(11);
+    const char* syl[] = {"ka", "lo", "mi", "ne", "su", " ", " ", ".", "\n"};
+    while (text.size() < 200000) text += syl[rng() % 9];
+    BpeTrainer one({.vocab_size = 600, .specials = {"<|endoftext|>"}, .num_threads = 1});
+    BpeTrainer two({.vocab_size = 600, .specials = {"<|endoftext|>"}, .num_threads = 2});
+    one.add_text(text);
+    two.add_text(text);
+    EXPECT_EQ(one.train().hash(), two.train().hash());
+}
+
+TEST(Tokenizer, SaveLoadRoundTrip) {
+    TempDir tmp("tok_save");
+    BpeTrainer trainer({.vocab_size = 300});
+    trainer.add_text("some words, some more words; and numbers 1234 \xe2\x82\xac \xff\xfe");
+    const Tokenizer tok = trainer.train();
+    tok.save(tmp.path("tokenizer.json"));
+    const Tokenizer back = Tokenizer::load(tmp.path("tokenizer.json"));
+    EXPECT_EQ(back.hash(), tok.hash());
+    const std::string s = "some numbers 1234 \xe2\x82\xac<|endoftext|>more";
+    EXPECT_EQ(back.encode(s), tok.encode(s));
+}
+
+TEST(Tokenizer, Gpt2FilesConvertToTokenizerJsonAndBack) {
+    const Tokenizer tok = gpt2();
+    const Tokenizer back = Tokenizer::from_json_text(tok.to_json_text(), "gpt2.json");
+    EXPECT_EQ(back.hash(), tok.hash());
+    EXPECT_EQ(back.vocab_size(), 50257u);
+    EXPECT_EQ(back.special_id("<|endoftext|>"), 50256u);
+}
+
+void expect_data_error(const std::string& json, const std::string& needle) {
+    try {
+        Tokenizer::from_json_text(json, "bad.json");
+        ADD_FAILURE() << "no error; expected one containing '" << needle << "'";
+    } catch (const DataError& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("bad.json"), std::string::npos) << msg;
+        EXPECT_NE(msg.find(needle), std::string::npos) << msg;
+    }
+}
+
+TEST(Tokenizer, MalformedTokenizerJsonGivesClearErrors) {
+    BpeTrainer trainer({.vocab_size = 260});
+    trainer.add_text("hello hello");
+    const std::string good = trainer.train().to_json_text();
+    expect_data_error(good.substr(0, good.size() / 2), "not valid JSON at byte");
+    expect_data_error("{\"version\": \"1.0\"}", "no 'model' object");
+    expect_data_error("{\"model\": {\"type\": \"Unigram\", \"vocab\": {}}}", "only BPE");
+    expect_data_error("{\"model\": {\"vocab\": {\"a\": 0}, \"merges\": []}}", "byte 0x00");
+    std::string bad_merge = good;
+    bad_merge.replace(bad_merge.find("\"merges\": [") + 11, 0, "\n  \"zz qq\",");
+    expect_data_error(bad_merge, "merge 0");
+    std::string bad_id = good;
+    bad_id.replace(bad_id.find("\"vocab\": {") + 10, 0, "\"qqqqqqqqq\": \"seven\",");
+    expect_data_error(bad_id, "not an integer");
+}
+
+}  // namespace
+}  // namespace apiary::data

@@ -17,6 +17,9 @@ packages=(
     # the Slurm launch test (tests/comm/slurm_test.sh): a one-node cluster
     slurm-wlm munge
     python3 python3-numpy python3-torch
+    # PyTorch's BLAS is the libblas.so.3 alternative: without OpenBLAS it is the
+    # reference BLAS, ten times slower, and an unfair peer for benchmarks.
+    libopenblas0
     # the default corpus: the King James Bible, dumped by `bible`
     bible-kjv bible-kjv-text
     # data/: Unicode classes for pre-tokenization; tokenizer peers for tests

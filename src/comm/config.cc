@@ -19,6 +19,10 @@ void add_keys(core::Schema& s) {
               "0: nodes are shared-memory domains; N > 0: treat the ranks as N equal nodes "
               "(tests one machine as several)",
               0, 1 << 20);
+    s.add_string("comm.grad_dtype", "fp32",
+                 "data-parallel gradients travel as fp32, or as bf16 (half the bytes; summed "
+                 "in fp32, rounded once)",
+                 {"fp32", "bf16"});
     s.add_bool("comm.verify", true,
                "before each collective, check that every rank calls the same op, dtype, count "
                "and tag (one 32-byte all-reduce)");

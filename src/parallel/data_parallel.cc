@@ -3,14 +3,16 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "core/error.h"
+#include "kernels/kernels.h"
 
 namespace apiary::parallel {
 
 DataParallel::DataParallel(comm::ProcessGroup& dp, model::Transformer& model, double bucket_mb,
-                           int zero_stage)
-    : dp_(dp), model_(model), zero_stage_(zero_stage) {
+                           int zero_stage, bool bf16_wire)
+    : dp_(dp), model_(model), zero_stage_(zero_stage), bf16_wire_(bf16_wire) {
     if (zero_stage < 0 || zero_stage > 1) {
         throw ConfigError(fmt::format("parallel.zero_stage = {}: this build shards the optimizer "
                                       "state (stage 1); stages 2 and 3 are not available yet",
@@ -30,6 +32,10 @@ DataParallel::DataParallel(comm::ProcessGroup& dp, model::Transformer& model, do
     buckets_ = std::make_unique<comm::BucketedAllReduce>(
         dp, model.grads(), comm::make_buckets(sizes, size_t(bucket_mb * 1048576.0)),
         comm::ReduceOp::avg);
+    if (bf16_wire_) {
+        staging_ = core::Tensor({flat}, core::DType::bf16, core::MemCategory::buffers);
+        bf16_works_.resize(size_t(buckets_->num_buckets()));
+    }
     const int64_t shard = flat / dp.size();
     if (zero_stage_ >= 1) {
         shard_begin_ = shard * dp.rank();
@@ -55,13 +61,40 @@ void DataParallel::on_grads_final(int64_t final_from) {
     // Buckets complete from the end of the buffer towards its start; every
     // rank starts them in the same (descending) order.
     while (next_bucket_ >= 0 && buckets_->bucket(next_bucket_).offset >= final_from) {
-        buckets_->mark_ready(next_bucket_--);
+        start_bucket(next_bucket_--);
     }
+}
+
+void DataParallel::start_bucket(int i) {
+    if (!bf16_wire_) {
+        buckets_->mark_ready(i);
+        return;
+    }
+    const auto& b = buckets_->bucket(i);
+    uint16_t* stage = staging_.data<uint16_t>() + b.offset;
+    kernels::to_bf16(stage, model_.grads() + b.offset, b.count);
+    bf16_works_[size_t(i)] =
+        dp_.all_reduce(stage, b.count, core::DType::bf16, comm::ReduceOp::avg, {"bucket", i});
 }
 
 void DataParallel::finish_gradients() {
     on_grads_final(0);  // anything backward did not report (none, normally)
-    buckets_->finish();
+    if (!bf16_wire_) {
+        buckets_->finish();
+    } else {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (auto& w : bf16_works_) {
+            w->wait();
+            w.reset();
+        }
+        exposed_s_ =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const uint16_t* stage = staging_.data<uint16_t>();
+        float* g = model_.grads();
+        const int64_t n = model_.flat_size();
+#pragma omp parallel for simd schedule(static)
+        for (int64_t i = 0; i < n; ++i) g[i] = core::bf16_to_f32(stage[i]);
+    }
     model_.set_grad_ready_hook(nullptr);
 }
 

@@ -11,6 +11,7 @@
 
 #include "comm/bucketed.h"
 #include "comm/process_group.h"
+#include "core/tensor.h"
 #include "model/model.h"
 
 namespace apiary::parallel {
@@ -19,8 +20,10 @@ class DataParallel {
 public:
     // The model must have been built with flat_multiple = shard_multiple(dp
     // size) so that its flat buffers split into equal shards.
+    // bf16_wire: buckets are rounded to bf16 for the all-reduce (half the
+    // bytes; the backends sum bf16 in fp32 and round once) and widened back.
     DataParallel(comm::ProcessGroup& dp, model::Transformer& model, double bucket_mb,
-                 int zero_stage);
+                 int zero_stage, bool bf16_wire = false);
     ~DataParallel();
 
     static int64_t shard_multiple(int dp_size) { return 16 * int64_t(dp_size); }
@@ -48,7 +51,7 @@ public:
     int rank() const { return dp_.rank(); }
     // Seconds the last finish_gradients() waited: communication not hidden
     // behind backward.
-    double exposed_seconds() const { return buckets_->exposed_seconds(); }
+    double exposed_seconds() const { return bf16_wire_ ? exposed_s_ : buckets_->exposed_seconds(); }
     int num_buckets() const { return buckets_->num_buckets(); }
 
 private:
@@ -58,6 +61,12 @@ private:
     model::Transformer& model_;
     int zero_stage_;
     std::unique_ptr<comm::BucketedAllReduce> buckets_;
+    // bf16 wire: a staging copy of the gradients and one call per bucket.
+    bool bf16_wire_ = false;
+    core::Tensor staging_;
+    std::vector<comm::WorkHandle> bf16_works_;
+    double exposed_s_ = 0;
+    void start_bucket(int i);
     int next_bucket_ = -1;  // highest bucket not yet started, -1: none left
     int64_t shard_begin_ = 0, shard_end_ = 0;
 };

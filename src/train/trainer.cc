@@ -146,9 +146,9 @@ public:
         tokens_.resize(size_t(B_ * T_));
         targets_.resize(size_t(B_ * T_));
         if (dp_group) {
-            dp_ = std::make_unique<parallel::DataParallel>(*dp_group, model_,
-                                                           c.get_real("comm.bucket_mb"),
-                                                           int(c.get_int("parallel.zero_stage")));
+            dp_ = std::make_unique<parallel::DataParallel>(
+                *dp_group, model_, c.get_real("comm.bucket_mb"),
+                int(c.get_int("parallel.zero_stage")), c.get_string("comm.grad_dtype") == "bf16");
         }
         const int64_t lo = dp_ ? dp_->shard_begin() : 0;
         const int64_t hi = dp_ ? dp_->shard_end() : model_.flat_size();

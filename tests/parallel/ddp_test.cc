@@ -139,6 +139,16 @@ TEST_F(Ddp, Bf16TwoRanksMatchOneRankWithinBf16Tolerance) {
     expect_same_run("b1", "b2", 2e-3, 2e-2);
 }
 
+TEST_F(Ddp, Bf16GradientCommunicationTracksFp32Communication) {
+    ASSERT_EQ(train("w32", 2).exit_code, 0);
+    const auto r = train("w16", 2, "--set comm.grad_dtype=bf16");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    // Gradients rounded to bf16 once per step: the loss curve moves by far
+    // less than bf16's resolution, but it does move (the option is live).
+    expect_same_run("w32", "w16", 2e-3, 2e-2);
+    EXPECT_NE(params("w32"), params("w16"));
+}
+
 TEST_F(Ddp, ResumeOnADifferentNumberOfRanks) {
     // Four ranks with ZeRO-1 write a checkpoint at step 10; two ranks resume
     // it and end where an uninterrupted one-rank run ends.

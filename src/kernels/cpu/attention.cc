@@ -2,7 +2,9 @@
 // FlashAttention-2 blocking of Dao 2023), so memory is O(T) per head: scores
 // exist only as one (64 x 64) block per thread. oneDNN's matmul overhead is
 // large at these block sizes, so the block products use a small hand-written
-// GEMM that GCC vectorises along the output row.
+// GEMM whose output tile stays in AVX-512 registers.
+
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -23,44 +25,70 @@ using detail::fast_exp_masked;
 constexpr int64_t kBlock = 64;  // query and key block size (equal: see the mask logic)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// C (M, N) (+)= A (M, K) B (K, N), row-major with leading dimensions.
-// Four rows of A share each loaded row of B.
-void small_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
-                int64_t ldb, float* C, int64_t ldc, bool accumulate) {
-    int64_t i = 0;
-    for (; i + 4 <= M; i += 4) {
-        float* c0 = C + i * ldc;
-        float* c1 = c0 + ldc;
-        float* c2 = c1 + ldc;
-        float* c3 = c2 + ldc;
-        if (!accumulate) {
-            for (int64_t j = 0; j < N; ++j) c0[j] = c1[j] = c2[j] = c3[j] = 0.0f;
-        }
-        const float* a = A + i * lda;
-        for (int64_t k = 0; k < K; ++k) {
-            const float a0 = a[k], a1 = a[lda + k], a2 = a[2 * lda + k], a3 = a[3 * lda + k];
-            const float* b = B + k * ldb;
-#pragma omp simd
-            for (int64_t j = 0; j < N; ++j) {
-                const float bj = b[j];
-                c0[j] += a0 * bj;
-                c1[j] += a1 * bj;
-                c2[j] += a2 * bj;
-                c3[j] += a3 * bj;
-            }
+// Register-blocked micro-kernel: an (R x 16 NV) tile of C stays in AVX-512
+// registers (R * NV <= 16 accumulators) while K streams through; the last
+// 16-wide vector of a row is masked, so any N works.
+template <int R, int NV>
+void micro_kernel(int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
+                  int64_t ldc, __mmask16 tail, bool accumulate) {
+    __m512 acc[R][NV];
+    for (int r = 0; r < R; ++r) {
+        for (int v = 0; v < NV; ++v) {
+            const __mmask16 m = v == NV - 1 ? tail : __mmask16(0xFFFF);
+            acc[r][v] = accumulate ? _mm512_maskz_loadu_ps(m, C + r * ldc + 16 * v)
+                                   : _mm512_setzero_ps();
         }
     }
-    for (; i < M; ++i) {
-        float* c = C + i * ldc;
-        if (!accumulate) {
-            for (int64_t j = 0; j < N; ++j) c[j] = 0.0f;
+    for (int64_t k = 0; k < K; ++k) {
+        __m512 b[NV];
+        for (int v = 0; v < NV; ++v) {
+            const __mmask16 m = v == NV - 1 ? tail : __mmask16(0xFFFF);
+            b[v] = _mm512_maskz_loadu_ps(m, B + k * ldb + 16 * v);
+        }
+        for (int r = 0; r < R; ++r) {
+            const __m512 a = _mm512_set1_ps(A[r * lda + k]);
+            for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(a, b[v], acc[r][v]);
+        }
+    }
+    for (int r = 0; r < R; ++r) {
+        for (int v = 0; v < NV; ++v) {
+            const __mmask16 m = v == NV - 1 ? tail : __mmask16(0xFFFF);
+            _mm512_mask_storeu_ps(C + r * ldc + 16 * v, m, acc[r][v]);
+        }
+    }
+}
+
+template <int R>
+void micro_rows(int nv, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
+                float* C, int64_t ldc, __mmask16 tail, bool accumulate) {
+    switch (nv) {
+        case 1: return micro_kernel<R, 1>(K, A, lda, B, ldb, C, ldc, tail, accumulate);
+        case 2: return micro_kernel<R, 2>(K, A, lda, B, ldb, C, ldc, tail, accumulate);
+        case 3: return micro_kernel<R, 3>(K, A, lda, B, ldb, C, ldc, tail, accumulate);
+        default: return micro_kernel<R, 4>(K, A, lda, B, ldb, C, ldc, tail, accumulate);
+    }
+}
+
+// C (M, N) (+)= A (M, K) B (K, N), row-major with leading dimensions.
+void small_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+    for (int64_t j0 = 0; j0 < N; j0 += 64) {
+        const int64_t cols = std::min<int64_t>(64, N - j0);
+        const int nv = int((cols + 15) / 16);
+        const int rem = int(cols - 16 * (nv - 1));
+        const __mmask16 tail = __mmask16((1u << rem) - 1u);
+        int64_t i = 0;
+        for (; i + 4 <= M; i += 4) {
+            micro_rows<4>(nv, K, A + i * lda, lda, B + j0, ldb, C + i * ldc + j0, ldc, tail,
+                          accumulate);
         }
         const float* a = A + i * lda;
-        for (int64_t k = 0; k < K; ++k) {
-            const float ak = a[k];
-            const float* b = B + k * ldb;
-#pragma omp simd
-            for (int64_t j = 0; j < N; ++j) c[j] += ak * b[j];
+        float* c = C + i * ldc + j0;
+        switch (M - i) {
+            case 3: micro_rows<3>(nv, K, a, lda, B + j0, ldb, c, ldc, tail, accumulate); break;
+            case 2: micro_rows<2>(nv, K, a, lda, B + j0, ldb, c, ldc, tail, accumulate); break;
+            case 1: micro_rows<1>(nv, K, a, lda, B + j0, ldb, c, ldc, tail, accumulate); break;
+            default: break;
         }
     }
 }

@@ -153,8 +153,9 @@ void linear_backward_bf16(float* dx, float* dweight, const uint16_t* dy, const u
 void linear_bias_backward(float* dbias, const float* dy, int64_t N, int64_t OUT);
 double measure_gemm_bf16_peak_flops(double seconds = 0.3);
 // lm_head_cross_entropy with bf16 hidden states and head weights; the logit
-// gradients are rounded to bf16 (scratch_bf16: lm_head_scratch_floats
+// gradients are rounded to bf16 (scratch_bf16: lm_head_scratch_bf16
 // elements) for the two backward matmuls.
+int64_t lm_head_scratch_bf16(int64_t N, int64_t V);
 double lm_head_cross_entropy_bf16(const uint16_t* h, const uint16_t* W, const int32_t* targets,
                                   int64_t N, int64_t C, int64_t V, float grad_scale, float* dh,
                                   float* dW, int64_t* valid, float* scratch,

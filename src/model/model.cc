@@ -150,7 +150,7 @@ void Transformer::allocate_activations() {
     if (bf16) {
         arena_half_ = core::Tensor({half_cursor}, DType::bf16, MemCategory::activations);
         grad_half_ = core::Tensor({N * widest}, DType::bf16, MemCategory::buffers);
-        head_scratch_half_ = core::Tensor({k::lm_head_scratch_floats(N, spec_.vocab_size)},
+        head_scratch_half_ = core::Tensor({k::lm_head_scratch_bf16(N, spec_.vocab_size)},
                                           DType::bf16, MemCategory::buffers);
     } else if (precision_ == Precision::fp16) {
         grad_half_ = core::Tensor({N * widest}, DType::f32, MemCategory::buffers);

@@ -14,16 +14,18 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/profile.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/kernels.h"
 
 namespace apiary::kernels {
 
 namespace {
-constexpr int64_t kRows = 128;
+constexpr int64_t kRows = 512;
 }
 
 int64_t lm_head_scratch_floats(int64_t N, int64_t V) { return std::min(N, kRows) * V; }
+int64_t lm_head_scratch_bf16(int64_t N, int64_t V) { return 2 * std::min(N, kRows) * V; }
 
 namespace {
 
@@ -58,6 +60,22 @@ void softmax_xent_block(float* logits, const int32_t* targets, int64_t rn, int64
     }
     *loss_sum += block_loss;
     *count += block_count;
+}
+
+// dst (cols, rows) = src (rows, cols)^T in 32 x 32 tiles (cache-friendly on
+// both sides), parallel over column tiles.
+void transpose_u16(uint16_t* dst, const uint16_t* src, int64_t rows, int64_t cols) {
+    constexpr int64_t kTile = 32;
+#pragma omp parallel for schedule(static)
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+        const int64_t c1 = std::min(cols, c0 + kTile);
+        for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+            const int64_t r1 = std::min(rows, r0 + kTile);
+            for (int64_t c = c0; c < c1; ++c) {
+                for (int64_t r = r0; r < r1; ++r) dst[c * rows + r] = src[r * cols + c];
+            }
+        }
+    }
 }
 
 }  // namespace
@@ -95,14 +113,34 @@ double lm_head_cross_entropy_bf16(const uint16_t* h, const uint16_t* W, const in
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
         const int64_t rn = std::min(rows, N - r0);
         float* logits = scratch;
-        gemm_bf16(false, true, rn, V, C, h + r0 * C, C, W, C, 0.0f, logits, V);
-        softmax_xent_block(logits, targets + r0, rn, V, grad_scale, dh != nullptr, &loss_sum,
-                           &count);
+        {
+            APIARY_PROFILE("head: logits gemm");
+            gemm_bf16(false, true, rn, V, C, h + r0 * C, C, W, C, 0.0f, logits, V);
+        }
+        {
+            APIARY_PROFILE("head: softmax");
+            softmax_xent_block(logits, targets + r0, rn, V, grad_scale, dh != nullptr, &loss_sum,
+                               &count);
+        }
         if (dh) {
             // The logit gradients go back through bf16 matmuls like any other.
-            to_bf16(scratch_bf16, logits, rn * V);
-            gemm_bf16(false, false, rn, C, V, scratch_bf16, V, W, C, 0.0f, dh + r0 * C, C);
-            gemm_bf16(true, false, V, C, rn, scratch_bf16, V, h + r0 * C, C, 1.0f, dW, C);
+            {
+                APIARY_PROFILE("head: to bf16");
+                to_bf16(scratch_bf16, logits, rn * V);
+            }
+            {
+                APIARY_PROFILE("head: dh gemm");
+                gemm_bf16(false, false, rn, C, V, scratch_bf16, V, W, C, 0.0f, dh + r0 * C, C);
+            }
+            // oneDNN's bf16 matmul is 2x slower on a transposed (strided)
+            // operand than the explicit transpose costs.
+            uint16_t* dlogits_t = scratch_bf16 + rn * V;  // (V, rn)
+            {
+                APIARY_PROFILE("head: transpose");
+                transpose_u16(dlogits_t, scratch_bf16, rn, V);
+            }
+            APIARY_PROFILE("head: dW gemm");
+            gemm_bf16(false, false, V, C, rn, dlogits_t, rn, h + r0 * C, C, 1.0f, dW, C);
         }
     }
     if (valid) *valid = count;

@@ -60,7 +60,8 @@ void run(const GenerateArgs& a) {
     }
     if (a.prompt.empty()) throw ConfigError("--prompt is empty; give at least one character");
     if (a.tokens < 0) throw ConfigError(fmt::format("--tokens = {} must be >= 0", a.tokens));
-    const int64_t T = spec.max_seq_len;
+    const int64_t T = std::min<int64_t>(spec.max_seq_len,
+                                        ckpt.meta.value("seq_len", int64_t(spec.max_seq_len)));
     model::Transformer model(spec, 1, T);
     train::load_weights(ckpt, model);
 
@@ -70,7 +71,8 @@ void run(const GenerateArgs& a) {
     std::vector<float> logits(size_t(spec.vocab_size));
     const core::Philox rng(a.seed, 0x67656e);
     for (int i = 0; i < a.tokens; ++i) {
-        // The model sees at most its context length: the most recent tokens.
+        // The model sees at most the length it was trained on: the most
+        // recent tokens.
         const int64_t n = std::min<int64_t>(int64_t(ids.size()), T);
         model.last_logits(logits.data(), ids.data() + ids.size() - n, n);
         const int next = sample(logits, a.temperature, a.top_k, rng, uint64_t(i));

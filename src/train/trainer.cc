@@ -239,6 +239,9 @@ private:
         return {{"tokenizer", c_.get_string("data.tokenizer")},
                 {"config_hash", fmt::format("{:016x}", c_.hash())},
                 {"precision", c_.get_string("train.precision")},
+                // Positions beyond the trained length were never trained:
+                // generation keeps its window within it.
+                {"seq_len", T_},
                 {"loss_scaler", scaler_.state()}};
     }
 

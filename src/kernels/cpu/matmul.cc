@@ -56,8 +56,9 @@ void linear_bias_backward(float* dbias, const float* dy, int64_t N, int64_t OUT)
 
 }  // namespace apiary::kernels
 
-#include <chrono>
 #include <vector>
+
+#include "kernels/cpu/best_rate.h"
 
 namespace apiary::kernels {
 
@@ -66,16 +67,9 @@ double measure_gemm_peak_flops(double seconds) {
     std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
     gemm(false, false, n, n, n, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm up
     APIARY_CHECK(c[0] == 0.125f * n, "gemm self-check failed: {} != {}", c[0], 0.125f * n);
-    double best = 0.0;
-    const auto start = std::chrono::steady_clock::now();
-    do {
-        const auto t0 = std::chrono::steady_clock::now();
+    return detail::best_rate(seconds, 2.0 * n * n * n, [&] {
         gemm(false, false, n, n, n, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        best = std::max(best, 2.0 * n * n * n / dt);
-    } while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <
-             seconds);
-    return best;
+    });
 }
 
 }  // namespace apiary::kernels

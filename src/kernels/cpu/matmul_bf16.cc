@@ -20,6 +20,7 @@
 #include "core/tensor.h"
 
 #include "core/error.h"
+#include "kernels/cpu/best_rate.h"
 #include "kernels/kernels.h"
 
 namespace apiary::kernels {
@@ -142,16 +143,9 @@ double measure_gemm_bf16_peak_flops(double seconds) {
     std::vector<float> c(n * n);
     gemm_bf16(false, false, n, n, n, a.data(), n, b.data(), n, 0.0f, c.data(), n);
     APIARY_CHECK(c[0] == 0.125f * n, "bf16 gemm self-check failed: {} != {}", c[0], 0.125f * n);
-    double best = 0.0;
-    const auto start = std::chrono::steady_clock::now();
-    do {
-        const auto t0 = std::chrono::steady_clock::now();
+    return detail::best_rate(seconds, 2.0 * n * n * n, [&] {
         gemm_bf16(false, false, n, n, n, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        best = std::max(best, 2.0 * n * n * n / dt);
-    } while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() <
-             seconds);
-    return best;
+    });
 }
 
 }  // namespace apiary::kernels

@@ -25,7 +25,7 @@ int as_int(int64_t n, const Engine& e, const char* what) {
 // message-sized temporary per call; from glibc's 32 MiB mmap ceiling on, every
 // call maps fresh pages and faults them in, which on the VM we measured made
 // a 64 MiB MPI_Allreduce 6x and a 256 MiB one 11x slower than this ring
-// (BENCHMARKS-comm.md). Below 32 MiB the temporary is reused from the heap
+// (BENCHMARKS.md, "Benchmarks: comm"). Below 32 MiB the temporary is reused from the heap
 // and MPI's all-reduce is as fast as the ring, so the ring starts at 32 MiB.
 // MPI's reduce-scatter is slower than the ring from 4 MiB of input already.
 // (Constants in mpi_internal.h.)

@@ -367,17 +367,6 @@ class MpiGroup : public ProcessGroup {
     }
 
   private:
-    void check_reducible(DType dt) const {
-        if (dt == DType::f16) {
-            throw CommError(fmt::format("{}: reductions support f32 and bf16, not f16", name()));
-        }
-    }
-    void check_peer(int r) const {
-        if (r < 0 || r >= size()) {
-            throw CommError(
-                fmt::format("{}: peer rank {} is outside 0..{}", name(), r, size() - 1));
-        }
-    }
 
     template <class Fn>
     WorkHandle submit(Fingerprint fp, Fn fn) {

@@ -52,4 +52,16 @@ void check_config_hash(ProcessGroup& world, uint64_t hash) {
         world.world_ranks()[size_t(world.rank())]));
 }
 
+void ProcessGroup::check_reducible(DType dt) const {
+    if (dt == DType::f16) {
+        throw CommError(fmt::format("{}: reductions support f32 and bf16, not f16", name()));
+    }
+}
+
+void ProcessGroup::check_peer(int r) const {
+    if (r < 0 || r >= size()) {
+        throw CommError(fmt::format("{}: peer rank {} is outside 0..{}", name(), r, size() - 1));
+    }
+}
+
 }  // namespace apiary::comm

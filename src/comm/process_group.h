@@ -91,6 +91,10 @@ class ProcessGroup {
     virtual void reserve_scratch(size_t bytes) = 0;
 
   protected:
+    // Argument checks shared by the backends; each throws CommError.
+    void check_reducible(DType dt) const;  // f32 and bf16 reduce; f16 does not
+    void check_peer(int r) const;          // 0 <= r < size()
+
     ProcessGroup(int rank, int size, std::string name, std::vector<int> world_ranks)
         : rank_(rank), size_(size), name_(std::move(name)), world_ranks_(std::move(world_ranks)) {}
 

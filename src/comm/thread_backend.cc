@@ -237,17 +237,6 @@ class ThreadGroup : public ProcessGroup {
     void reserve_scratch(size_t bytes) override { scratch_.ensure(bytes); }
 
   private:
-    void check_reducible(DType dt) const {
-        if (dt == DType::f16) {
-            throw CommError(fmt::format("{}: reductions support f32 and bf16, not f16", name()));
-        }
-    }
-    void check_peer(int r) const {
-        if (r < 0 || r >= size()) {
-            throw CommError(
-                fmt::format("{}: peer rank {} is outside 0..{}", name(), r, size() - 1));
-        }
-    }
 
     // Sums every rank's input (at byte `offset` of the pointer `pick` selects)
     // into f32 scratch.

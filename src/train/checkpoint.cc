@@ -117,7 +117,18 @@ CheckpointRef latest_checkpoint(const std::string& run_dir) {
                                   meta_path.string(), ref.meta.value("version", 0),
                                   kCheckpointVersion));
     }
-    ref.step = ref.meta.value("step", int64_t(0));
+    // Everything later reads must be present: a meta.json without them is
+    // damaged, and resuming from an unknown step would silently retrain.
+    if (!ref.meta.contains("step") || !ref.meta["step"].is_number_integer() ||
+        ref.meta["step"].get<int64_t>() < 0) {
+        throw IoError(fmt::format("{}: no valid 'step' (checkpoint damaged)", meta_path.string()));
+    }
+    if (!ref.meta.contains("model") || !ref.meta["model"].is_object()) {
+        throw IoError(fmt::format("{}: no 'model' description (checkpoint damaged)",
+                                  meta_path.string()));
+    }
+    spec_from_json(ref.meta["model"], meta_path.string());  // throws IoError if malformed
+    ref.step = ref.meta["step"].get<int64_t>();
     return ref;
 }
 

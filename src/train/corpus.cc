@@ -44,6 +44,11 @@ ByteCorpus::ByteCorpus(const std::string& spec, double val_fraction, int64_t win
         text = read_kjv();
         source_ = "kjv (bible gen1:1-rev22:21)";
     } else {
+        if (std::filesystem::is_directory(spec)) {
+            throw DataError(fmt::format("data.corpus: '{}' is a directory; give a text file (or "
+                                        "'kjv')",
+                                        spec));
+        }
         std::ifstream in(spec, std::ios::binary);
         if (!in) {
             throw DataError(fmt::format("data.corpus: cannot open '{}' (no such file, or not "

@@ -165,6 +165,13 @@ public:
 
     // Loads weights, optimizer state, loss scaler and step from a checkpoint.
     void load(const CheckpointRef& ck) {
+        // The config may change the run's length or logging, not the model.
+        const json have = spec_to_json(spec_), saved = ck.meta["model"];
+        if (have != saved) {
+            throw ConfigError(fmt::format("{}/meta.json: the checkpoint is of model {}, but the "
+                                          "config describes {}; resume without changing model.*",
+                                          ck.dir, saved.dump(), have.dump()));
+        }
         load_weights(ck, model_);
         // The file holds the whole optimizer state; this rank keeps its shard
         // (so a run may resume on a different number of ranks).

@@ -112,3 +112,26 @@ TEST_F(CliErrors, UnsupportedLayoutIsRefusedBeforeWork) {
     expect_error(train("--set parallel.tp=2"), "parallel.tp = 2");
     EXPECT_FALSE(fs::exists(dir_ / "run"));
 }
+
+TEST_F(CliErrors, DamagedCheckpointMetaIsRefusedNotRetrained) {
+    ASSERT_EQ(train("").exit_code, 0);
+    std::ofstream(dir_ / "run" / "ckpt" / "step_00000002" / "meta.json", std::ios::trunc)
+        << R"({"format": "apiary.checkpoint", "version": 1})";
+    expect_error(run_command(apiary_bin() + " generate --run " + (dir_ / "run").string()),
+                 "no valid 'step'");
+    expect_error(run_command(apiary_bin() + " train --resume " + (dir_ / "run").string() +
+                             " --set train.steps=4"),
+                 "checkpoint damaged");
+    EXPECT_FALSE(fs::exists(dir_ / "run" / "ckpt" / "step_00000004"));
+}
+
+TEST_F(CliErrors, ResumeWithAnotherModelShapeIsRefused) {
+    ASSERT_EQ(train("").exit_code, 0);
+    expect_error(run_command(apiary_bin() + " train --resume " + (dir_ / "run").string() +
+                             " --set train.steps=4 --set model.n_layer=2"),
+                 "resume without changing model.*");
+}
+
+TEST_F(CliErrors, CorpusThatIsADirectory) {
+    expect_error(train("--set data.corpus=" + dir_.string()), "is a directory");
+}

@@ -22,6 +22,10 @@ struct CommandRegistrar {
 // that no peer rank hangs. Set by whoever initialises a communicator.
 void set_abort_hook(std::function<void(int exit_code)> hook);
 
+// The exit code main returns when the verb finishes without an exception
+// (e.g. 130 after a run stopped by a signal saved its checkpoint).
+void set_exit_code(int code);
+
 // The schema of every config key from every layer (docs are generated from it).
 const core::Schema& full_schema();
 // Builds a config from defaults, an optional TOML file and --set overrides.

@@ -32,6 +32,11 @@ CommandRegistrar::CommandRegistrar(const char* name, CommandSetup setup) {
 
 void set_abort_hook(std::function<void(int)> hook) { abort_hook() = std::move(hook); }
 
+namespace {
+int g_exit_code = 0;
+}
+void set_exit_code(int code) { g_exit_code = code; }
+
 }  // namespace apiary::cli
 
 int main(int argc, char** argv) {
@@ -46,6 +51,7 @@ int main(int argc, char** argv) {
     int code = 0;
     try {
         app.parse(argc, argv);
+        code = cli::g_exit_code;
     } catch (const CLI::ParseError& e) {
         code = app.exit(e);
         // CLI11 uses 0 for --help; anything else is a usage error.

@@ -59,12 +59,12 @@ void setup(CLI::App& app) {
             all.push_back("run.dir=" + resume_dir);
             const core::Config c = load_config(cfg, all);
             start_mpi(c);
-            train::resume_training(c, world);
+            if (train::resume_training(c, world).interrupted) set_exit_code(130);
             return;
         }
         const core::Config c = load_config(config_file, sets);
         start_mpi(c);
-        train::run_training(c, overwrite, world);
+        if (train::run_training(c, overwrite, world).interrupted) set_exit_code(130);
     });
 }
 

@@ -114,6 +114,10 @@ void DataParallel::gather_shards(const float* shard, float* full) {
     dp_.all_gather(shard, full, n, core::DType::f32, {"zero1_state", 0})->wait();
 }
 
+void DataParallel::sum(float* values, int64_t n) {
+    dp_.all_reduce(values, n, core::DType::f32, comm::ReduceOp::sum, {"scalars", n})->wait();
+}
+
 double DataParallel::sum(double v) {
     // f32 on the wire (the backends reduce f32 and bf16): exact for token
     // counts, 7 significant digits for a loss sum, which only feeds logs.

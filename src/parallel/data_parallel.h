@@ -44,7 +44,9 @@ public:
     // Concatenates every rank's shard (shard_end - shard_begin floats) into
     // full (flat size) on every rank: optimizer state for checkpoints.
     void gather_shards(const float* shard, float* full);
-    // Sum of a value over ranks (losses, counts), reduced in f32.
+    // Sums over ranks, reduced in f32 (losses, counts, flags): one call for
+    // all the step's scalars.
+    void sum(float* values, int64_t n);
     double sum(double v);
     int zero_stage() const { return zero_stage_; }
     int size() const { return dp_.size(); }

@@ -322,7 +322,11 @@ TrainSummary Trainer::run(bool append_metrics) {
     int64_t window_steps = 0;
     double last_eval = NAN;
     int64_t step = start_step_;
-    for (; step < steps_ && !g_stop_requested.load(); ++step) {
+    // Under data parallelism the loop ends only on a stop every rank agreed
+    // on (a signal read directly could reach ranks at different steps).
+    bool stop = false;
+    bool stop_agreed = false;
+    for (; step < steps_ && !stop; ++step) {
         const auto t0 = Clock::now();
         model_.zero_grads();
         double loss_sum = 0;
@@ -348,8 +352,14 @@ TrainSummary Trainer::run(bool append_metrics) {
         }
         if (dp_) {
             dp_->finish_gradients();
-            loss_sum = dp_->sum(loss_sum);
-            count = int64_t(dp_->sum(double(count)));
+            // One small all-reduce for the step's scalars. A stop signal may
+            // reach one rank only: every rank stops after the same step.
+            float scalars[3] = {float(loss_sum), float(count),
+                                g_stop_requested.load() ? 1.0f : 0.0f};
+            dp_->sum(scalars, 3);
+            loss_sum = scalars[0];
+            count = int64_t(scalars[1]);
+            stop_agreed = scalars[2] > 0;
         }
         // After the all-reduce every rank holds the same gradients, so every
         // rank reaches the same overflow decision from the same norm.
@@ -419,16 +429,16 @@ TrainSummary Trainer::run(bool append_metrics) {
         if (ckpt_every > 0 && (step + 1) % ckpt_every == 0 && !last) {
             save(step + 1);
         }
-        // A signal may reach one rank only: every rank stops after the same step.
-        if (dp_ && dp_->sum(g_stop_requested.load() ? 1.0 : 0.0) > 0) g_stop_requested.store(true);
+        stop = dp_ ? stop_agreed : g_stop_requested.load();
     }
-    if (g_stop_requested.load()) {
+    if (stop) {
         say("\ninterrupted after step {}: saving a checkpoint (resume with `apiary train "
                    "--resume {}`)\n",
                    step, run_dir_);
         last_eval = evaluate();
     }
     summary.steps = step;
+    summary.interrupted = stop;
     summary.final_eval_loss = last_eval;
     summary.skipped_steps = scaler_.skipped_steps();
     summary.loss_scale = scaler_.scale();

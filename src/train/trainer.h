@@ -21,6 +21,7 @@ struct TrainSummary {
     double unigram_loss = 0.0;  // the corpus's unigram entropy, for comparison
     double tokens_per_s = 0.0;
     int64_t skipped_steps = 0;  // fp16 steps skipped for overflow
+    bool interrupted = false;   // stopped by a signal before train.steps (checkpoint saved)
     double loss_scale = 1.0;
     std::string checkpoint_dir;
 };

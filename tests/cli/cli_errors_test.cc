@@ -135,3 +135,27 @@ TEST_F(CliErrors, ResumeWithAnotherModelShapeIsRefused) {
 TEST_F(CliErrors, CorpusThatIsADirectory) {
     expect_error(train("--set data.corpus=" + dir_.string()), "is a directory");
 }
+
+TEST_F(CliErrors, InterruptSavesACheckpointAndExits130) {
+    // SIGINT after 2 s of a run far too long to finish: the step completes,
+    // a checkpoint is saved, the exit code says the run did not complete,
+    // and --resume continues from it.
+    const auto r = run_command("timeout --preserve-status -s INT 2 " + apiary_bin() + " train --set run.dir=" +
+                               (dir_ / "run").string() +
+                               " --set train.steps=10000000 --set train.batch_size=1"
+                               " --set train.seq_len=8 --set model.n_layer=1");
+    EXPECT_EQ(r.exit_code, 130) << r.output;
+    EXPECT_NE(r.output.find("interrupted after step"), std::string::npos) << r.output;
+    std::ifstream latest(dir_ / "run" / "ckpt" / "latest");
+    std::string name;
+    latest >> name;
+    ASSERT_FALSE(name.empty());
+    const int64_t step = std::stoll(name.substr(5));
+    EXPECT_GT(step, 0);
+    const auto resumed = run_command(apiary_bin() + " train --resume " + (dir_ / "run").string() +
+                                     " --set train.steps=" + std::to_string(step + 2));
+    EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("resuming after step " + std::to_string(step)),
+              std::string::npos)
+        << resumed.output;
+}

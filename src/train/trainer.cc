@@ -78,6 +78,29 @@ void validate_layout(const core::Config& c) {
                                       "available yet; set it to 'none'",
                                       c.get_string("parallel.recompute")));
     }
+    if (c.get_bool("parallel.sequence_parallel")) {
+        throw ConfigError("parallel.sequence_parallel = true needs tensor parallelism "
+                          "(parallel.tp > 1), which this build's trainer does not have");
+    }
+    // Keys the trainer would otherwise silently ignore: the sharded loader's
+    // (apiary data) are not wired into apiary train yet.
+    // (A resumed run's config.toml sets every key, so the test is on values.)
+    const auto* schema = &c.schema();
+    auto used = [&](const char* key) {
+        const core::KeySpec* k = schema->find(key);
+        if (!k) return false;  // schemas without the data layer's keys
+        return k->type == core::ValueType::string ? !c.get_string(key).empty()
+                                                  : c.get_int(key) != 0;
+    };
+    for (const char* key : {"data.sources", "data.tokenizer_file", "data.curriculum_start",
+                            "data.curriculum_steps"}) {
+        if (used(key)) {
+            throw ConfigError(fmt::format(
+                "{} is set, but apiary train in this build reads data.corpus as bytes; the "
+                "sharded loader is used by `apiary data` and `apiary bench loader` only",
+                key));
+        }
+    }
     if (c.get_real("train.min_lr") > c.get_real("train.lr")) {
         throw ConfigError(fmt::format("train.min_lr = {} exceeds train.lr = {}",
                                       c.get_real("train.min_lr"), c.get_real("train.lr")));

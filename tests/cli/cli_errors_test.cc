@@ -159,3 +159,9 @@ TEST_F(CliErrors, InterruptSavesACheckpointAndExits130) {
               std::string::npos)
         << resumed.output;
 }
+
+TEST_F(CliErrors, KeysTheTrainerWouldIgnoreAreRefused) {
+    expect_error(train("--set data.sources=shards:1.0"), "data.sources is set");
+    expect_error(train("--set parallel.sequence_parallel=true"), "needs tensor parallelism");
+    EXPECT_FALSE(fs::exists(dir_ / "run"));
+}

@@ -36,6 +36,11 @@ void Transformer::forward_body(const int32_t* tokens, int64_t B, int64_t T) {
                                         tokens[i], i, V));
         }
     }
+    // Under ZeRO-3 each unit is gathered just before use, the next one is
+    // prefetched, and a block is released once done; the embedding and final
+    // units stay resident for the whole pass (the head may be tied).
+    const int L = spec_.n_layer;
+    use_params(0, L > 0 ? 1 : post_unit());
     if (spec_.arch == Arch::gpt2) {
         k::embedding_forward(act(encoded_), tokens, param("wte.weight"), param("wpe.weight"), B, T,
                              C);
@@ -43,7 +48,12 @@ void Transformer::forward_body(const int32_t* tokens, int64_t B, int64_t T) {
         k::embedding_forward(act(encoded_), tokens, param("model.embed_tokens.weight"), nullptr, B,
                              T, C);
     }
-    for (int l = 0; l < spec_.n_layer; ++l) block_forward(l, B, T);
+    for (int l = 0; l < L; ++l) {
+        use_params(l + 1, l + 1 < L ? l + 2 : post_unit());
+        block_forward(l, B, T);
+        drop_params(l + 1);
+    }
+    use_params(post_unit(), -1);
     const float* last = act(layer_.back().res3);
     const int64_t N = B * T;
     if (spec_.arch == Arch::gpt2) {
@@ -179,12 +189,17 @@ void Transformer::backward_body(const int32_t* tokens, int64_t B, int64_t T) {
         }
         return int64_t(0);
     };
+    done_grads(post_unit());
     if (grad_ready_) {
         grad_ready_(registry_.get(spec_.arch == Arch::gpt2 ? "ln_f.weight" : "model.norm.weight")
                         .offset);
     }
     for (int l = spec_.n_layer - 1; l >= 0; --l) {
+        use_params(l + 1, l > 0 ? l : -1);
+        use_grads(l + 1);
         block_backward(l, B, T);
+        done_grads(l + 1);
+        drop_params(l + 1);
         if (grad_ready_) grad_ready_(first_of_layer(l));
     }
     if (spec_.arch == Arch::gpt2) {
@@ -193,6 +208,7 @@ void Transformer::backward_body(const int32_t* tokens, int64_t B, int64_t T) {
         k::embedding_backward(grad("model.embed_tokens.weight"), nullptr, dres_.f32(), tokens, B,
                               T, C);
     }
+    done_grads(0);
     if (grad_ready_) grad_ready_(0);
 }
 
@@ -201,8 +217,13 @@ LossResult Transformer::forward_backward(const int32_t* tokens, const int32_t* t
     forward_body(tokens, B, T);
     const int64_t N = B * T;
     LossResult r;
+    // The head writes into the embedding's gradients (tied) or the final
+    // unit's; both stay lent until backward is through with them.
+    use_grads(0);
+    use_grads(post_unit());
     r.loss_sum = head_forward_backward(targets, N, grad_scale, &r.count);
     backward_body(tokens, B, T);
+    end_pass();
     return r;
 }
 
@@ -213,6 +234,7 @@ LossResult Transformer::evaluate(const int32_t* tokens, const int32_t* targets, 
     std::vector<float> lse(static_cast<size_t>(N)), target_logit(static_cast<size_t>(N));
     k::lm_head_logsumexp(lse.data(), target_logit.data(), act(lnf_), head_weight(), targets, N,
                          spec_.n_embd, spec_.vocab_size, 8192);
+    end_pass();
     LossResult r;
     for (int64_t i = 0; i < N; ++i) {
         if (targets[i] < 0) continue;
@@ -226,12 +248,14 @@ void Transformer::forward_logits(float* logits, const int32_t* tokens, int64_t B
     forward_body(tokens, B, T);
     const int64_t C = spec_.n_embd, V = spec_.vocab_size;
     k::gemm(false, true, B * T, V, C, act(lnf_), C, head_weight(), C, 0.0f, logits, V);
+    end_pass();
 }
 
 void Transformer::last_logits(float* logits, const int32_t* tokens, int64_t T) {
     forward_body(tokens, 1, T);
     const int64_t C = spec_.n_embd, V = spec_.vocab_size;
     k::gemm(false, true, 1, V, C, act(lnf_) + (T - 1) * C, C, head_weight(), C, 0.0f, logits, V);
+    end_pass();
 }
 
 }  // namespace apiary::model

@@ -29,19 +29,33 @@ Precision parse_precision(const std::string& name) {
 }
 
 Transformer::Transformer(const core::ModelSpec& spec, int64_t max_B, int64_t max_T,
-                         Precision precision, int64_t flat_multiple)
-    : spec_(spec), max_B_(max_B), max_T_(max_T), precision_(precision) {
+                         Precision precision, int64_t flat_multiple, Storage storage)
+    : spec_(spec), max_B_(max_B), max_T_(max_T), precision_(precision), storage_(storage) {
     spec_.validate();
     if (max_T > spec_.max_seq_len) {
         throw ConfigError(fmt::format("train.seq_len = {} exceeds model.max_seq_len = {}", max_T,
                                       spec_.max_seq_len));
     }
     APIARY_CHECK(max_B >= 1 && max_T >= 1, "bad activation shape B={} T={}", max_B, max_T);
-    build_registry();
     APIARY_CHECK(flat_multiple >= 1, "flat_multiple {} must be positive", flat_multiple);
-    flat_size_ = (registry_.total() + flat_multiple - 1) / flat_multiple * flat_multiple;
-    params_ = core::Tensor({flat_size_}, DType::f32, MemCategory::params);
-    grads_ = core::Tensor({flat_size_}, DType::f32, MemCategory::grads);
+    if (storage_ == Storage::sharded && precision_ != Precision::fp32) {
+        throw ConfigError("sharded parameters (ZeRO stage 3) need train.precision = fp32 in this "
+                          "build: the bf16 and fp16 weight copies are made for the whole flat "
+                          "buffer at once");
+    }
+    build_registry(flat_multiple);
+    flat_size_ = registry_.total();
+    const int n_units = spec_.n_layer + 2;
+    pbase_.assign(size_t(n_units), nullptr);
+    gbase_.assign(size_t(n_units), nullptr);
+    if (storage_ != Storage::sharded) {
+        params_ = core::Tensor({flat_size_}, DType::f32, MemCategory::params);
+        for (int u = 0; u < n_units; ++u) pbase_[size_t(u)] = params_.f32() + units_[size_t(u)].begin;
+    }
+    if (storage_ == Storage::full) {
+        grads_ = core::Tensor({flat_size_}, DType::f32, MemCategory::grads);
+        for (int u = 0; u < n_units; ++u) gbase_[size_t(u)] = grads_.f32() + units_[size_t(u)].begin;
+    }
     if (precision_ == Precision::bf16) {
         shadow_ = core::Tensor({flat_size_}, DType::bf16, MemCategory::params);
     } else if (precision_ == Precision::fp16) {
@@ -50,13 +64,14 @@ Transformer::Transformer(const core::ModelSpec& spec, int64_t max_B, int64_t max
     allocate_activations();
 }
 
-void Transformer::build_registry() {
+void Transformer::build_registry(int64_t flat_multiple) {
     const int64_t C = spec_.n_embd, V = spec_.vocab_size, F = spec_.ffn_dim(),
                   KV = spec_.kv_dim();
     auto& r = registry_;
     if (spec_.arch == Arch::gpt2) {
         r.add("wte.weight", {V, C}, true, -1);
         r.add("wpe.weight", {spec_.max_seq_len, C}, true, -1);
+        r.align(flat_multiple);
         for (int l = 0; l < spec_.n_layer; ++l) {
             const std::string p = fmt::format("h.{}.", l);
             r.add(p + "ln_1.weight", {C}, false, l);
@@ -71,11 +86,13 @@ void Transformer::build_registry() {
             r.add(p + "mlp.c_fc.bias", {F}, false, l);
             r.add(p + "mlp.c_proj.weight", {C, F}, true, l);
             r.add(p + "mlp.c_proj.bias", {C}, false, l);
+            r.align(flat_multiple);
         }
         r.add("ln_f.weight", {C}, false, -1);
         r.add("ln_f.bias", {C}, false, -1);
     } else {
         r.add("model.embed_tokens.weight", {V, C}, true, -1);
+        r.align(flat_multiple);
         for (int l = 0; l < spec_.n_layer; ++l) {
             const std::string p = fmt::format("model.layers.{}.", l);
             r.add(p + "input_layernorm.weight", {C}, false, l);
@@ -89,10 +106,80 @@ void Transformer::build_registry() {
             r.add(p + "mlp.gate_proj.weight", {F, C}, true, l, false);
             r.add(p + "mlp.up_proj.weight", {F, C}, true, l);
             r.add(p + "mlp.down_proj.weight", {C, F}, true, l);
+            r.align(flat_multiple);
         }
         r.add("model.norm.weight", {C}, false, -1);
     }
     if (!spec_.tie_embeddings) r.add("lm_head.weight", {V, C}, true, -1);
+    r.align(flat_multiple);
+    // Units: the entries before the first block, each block, the rest.
+    const int L = spec_.n_layer;
+    units_.assign(size_t(L + 2), Unit{});
+    unit_of_entry_.clear();
+    bool after_blocks = false;
+    for (const auto& e : r.entries()) {
+        int u = e.layer + 1;
+        if (e.layer >= 0) after_blocks = true;
+        if (e.layer < 0 && after_blocks) u = L + 1;
+        unit_of_entry_.push_back(u);
+    }
+    // Each unit runs from its first entry to the next unit's first entry.
+    std::vector<int64_t> first(size_t(L + 2), -1);
+    for (size_t i = 0; i < r.entries().size(); ++i) {
+        auto& f = first[size_t(unit_of_entry_[i])];
+        if (f < 0) f = r.entries()[i].offset;
+    }
+    int64_t end = r.total();
+    for (int u = L + 1; u >= 0; --u) {
+        const int64_t begin = first[size_t(u)] < 0 ? end : first[size_t(u)];
+        units_[size_t(u)] = {begin, end};
+        end = begin;
+    }
+}
+
+const float* Transformer::param(const std::string& name) const {
+    const ParamInfo& e = registry_.get(name);
+    const int u = unit_of(e);
+    const float* base = pbase_[size_t(u)];
+    APIARY_CHECK(base != nullptr, "parameters of unit {} ('{}') are not resident", u, name);
+    return base + (e.offset - units_[size_t(u)].begin);
+}
+
+float* Transformer::grad(const std::string& name) {
+    const ParamInfo& e = registry_.get(name);
+    const int u = unit_of(e);
+    float* base = gbase_[size_t(u)];
+    APIARY_CHECK(base != nullptr, "gradients of unit {} ('{}') are not resident", u, name);
+    return base + (e.offset - units_[size_t(u)].begin);
+}
+
+void Transformer::use_params(int u, int next) {
+    if (storage_ != Storage::sharded) return;
+    APIARY_CHECK(store_ != nullptr, "sharded parameters without a unit store");
+    pbase_[size_t(u)] = store_->acquire_params(u, next);
+}
+
+void Transformer::drop_params(int u) {
+    if (storage_ != Storage::sharded || pbase_[size_t(u)] == nullptr) return;
+    store_->release_params(u);
+    pbase_[size_t(u)] = nullptr;
+}
+
+void Transformer::use_grads(int u) {
+    if (storage_ == Storage::full) return;
+    APIARY_CHECK(store_ != nullptr, "sharded gradients without a unit store");
+    gbase_[size_t(u)] = store_->acquire_grads(u);
+}
+
+void Transformer::done_grads(int u) {
+    if (storage_ == Storage::full || gbase_[size_t(u)] == nullptr) return;
+    store_->release_grads(u);
+    gbase_[size_t(u)] = nullptr;
+}
+
+void Transformer::end_pass() {
+    drop_params(0);
+    drop_params(post_unit());
 }
 
 void Transformer::allocate_activations() {
@@ -173,8 +260,9 @@ void Transformer::allocate_activations() {
     }
 }
 
-void Transformer::init(uint64_t seed) {
-    float* p = params();
+void Transformer::init(uint64_t seed) { init_into(seed, params()); }
+
+void Transformer::init_into(uint64_t seed, float* p) const {
     std::memset(p, 0, size_t(flat_size()) * sizeof(float));
     const float std_resid = 0.02f / std::sqrt(2.0f * float(spec_.n_layer));
     for (const auto& e : registry_.entries()) {
@@ -202,7 +290,7 @@ void Transformer::init(uint64_t seed) {
 
 void Transformer::zero_grads() {
     APIARY_PROFILE("zero grads");
-    grads_.zero();
+    if (grads_.numel() > 0) grads_.zero();
 }
 
 const std::string& Transformer::head_name() const {
@@ -214,10 +302,11 @@ const std::string& Transformer::head_name() const {
 
 const float* Transformer::head_weight() const { return param(head_name()); }
 
-float* Transformer::head_grad() { return grads() + registry_.get(head_name()).offset; }
+float* Transformer::head_grad() { return grad(head_name()); }
 
 void Transformer::refresh_shadow() {
     if (!shadow_stale_ || precision_ == Precision::fp32) return;
+    // (Storage::sharded is fp32 only, so params_ exists here.)
     APIARY_PROFILE("weight cast");
     if (precision_ == Precision::bf16) {
         k::to_bf16(shadow_.data<uint16_t>(), params_.f32(), flat_size_);

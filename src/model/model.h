@@ -8,6 +8,7 @@
 #include <functional>
 #include <vector>
 
+#include "core/error.h"
 #include "core/model_spec.h"
 #include "core/tensor.h"
 #include "model/param_registry.h"
@@ -24,6 +25,41 @@ namespace apiary::model {
 enum class Precision { fp32, bf16, fp16 };
 Precision parse_precision(const std::string& name);  // throws ConfigError
 
+// Where the model's parameters and gradients live.
+//   full:          both flat buffers are the model's own (single device, DDP,
+//                  ZeRO-1).
+//   sharded_grads: no gradient buffer; a UnitStore lends each unit's
+//                  gradients while backward writes them (ZeRO-2).
+//   sharded:       neither buffer; the store also lends each unit's
+//                  parameters while the model uses them (ZeRO-3).
+enum class Storage { full, sharded_grads, sharded };
+
+// A contiguous range of the flat buffers that ZeRO reduces, shards and
+// gathers as one: the embeddings (unit 0), block l (unit l + 1), and what
+// follows the last block (final norm, untied head; unit n_layer + 1). Every
+// unit starts and ends on a multiple of the model's flat_multiple, so each
+// splits into equal aligned pieces, one per data-parallel rank.
+struct Unit {
+    int64_t begin = 0, end = 0;
+    int64_t size() const { return end - begin; }
+};
+
+// Lends units' buffers to the model (parallel/ implements it for ZeRO-2/3).
+// Pointers map element `begin` of the unit. Calls come in the same order on
+// every rank, so an implementation may issue collectives from them.
+class UnitStore {
+public:
+    virtual ~UnitStore() = default;
+    // Unit u's parameters, valid until release_params(u). `next` is the unit
+    // the model will ask for after u (-1: none known), to be prefetched.
+    virtual const float* acquire_params(int u, int next) = 0;
+    virtual void release_params(int u) = 0;
+    // A zeroed buffer for unit u's gradients of this micro-step; backward
+    // adds into it. release_grads(u): they are complete.
+    virtual float* acquire_grads(int u) = 0;
+    virtual void release_grads(int u) = 0;
+};
+
 struct LossResult {
     double loss_sum = 0.0;  // summed cross-entropy over counted tokens (nats)
     int64_t count = 0;      // tokens with a target >= 0
@@ -36,27 +72,43 @@ public:
     // (max_B, max_T); max_T may not exceed spec.max_seq_len.
     // flat_multiple: the flat buffers' length is padded to a multiple of it
     // (data parallelism shards them into equal parts).
+    // storage != full: the buffers come from set_unit_store() (ZeRO-2/3);
+    // Storage::sharded needs fp32 (the weight casts are per whole buffer).
     Transformer(const core::ModelSpec& spec, int64_t max_B, int64_t max_T,
-                Precision precision = Precision::fp32, int64_t flat_multiple = 16);
+                Precision precision = Precision::fp32, int64_t flat_multiple = 16,
+                Storage storage = Storage::full);
 
     const core::ModelSpec& spec() const { return spec_; }
     const ParamRegistry& registry() const { return registry_; }
     // Mutable access marks the reduced-precision weight copy stale; the next
     // forward refreshes it.
+    // The whole flat buffers (not under Storage::sharded / sharded_grads).
     float* params() {
+        APIARY_CHECK(params_.numel() > 0, "the parameters are sharded: no flat buffer");
         shadow_stale_ = true;
         return params_.f32();
     }
     const float* params() const { return params_.f32(); }
-    float* grads() { return grads_.f32(); }
+    float* grads() {
+        APIARY_CHECK(grads_.numel() > 0, "the gradients are sharded: no flat buffer");
+        return grads_.f32();
+    }
     int64_t flat_size() const { return flat_size_; }
     Precision precision() const { return precision_; }
-    float* grad(const std::string& name) { return grads() + registry_.get(name).offset; }
+    Storage storage() const { return storage_; }
+    const std::vector<Unit>& units() const { return units_; }
+    // Gradient of a parameter (its unit's gradients must be resident).
+    float* grad(const std::string& name);
+    // Required before forward when storage() != full; not owned.
+    void set_unit_store(UnitStore* store) { store_ = store; }
 
     // GPT-2 initialisation: N(0, 0.02), output projections N(0, 0.02/sqrt(2L)),
     // biases 0, norm weights 1. Every element is a pure function of (seed,
     // tensor name, index), so any rank can initialise any slice.
     void init(uint64_t seed);
+    // The same values written into dst (flat_size floats), for callers that
+    // hold the parameters themselves (ZeRO-3).
+    void init_into(uint64_t seed, float* dst) const;
     void zero_grads();
 
     // Forward and backward of one micro-batch: tokens, targets (B, T); a
@@ -83,7 +135,14 @@ public:
 
 private:
     struct LayerActs;
-    void build_registry();
+    void build_registry(int64_t flat_multiple);
+    // Unit residency under a UnitStore (no-ops with full storage).
+    void use_params(int u, int next);
+    void drop_params(int u);
+    void use_grads(int u);
+    void done_grads(int u);
+    void end_pass();  // releases the embedding and final units after a pass
+    int post_unit() const { return spec_.n_layer + 1; }
     void allocate_activations();
     // Runs the blocks and the final norm: leaves lnf_ (B*T, C) ready for the head.
     void forward_body(const int32_t* tokens, int64_t B, int64_t T);
@@ -93,9 +152,7 @@ private:
     const float* head_weight() const;
     float* head_grad();
     const std::string& head_name() const;
-    const float* param(const std::string& name) const {
-        return params_.f32() + registry_.get(name).offset;
-    }
+    const float* param(const std::string& name) const;
     // Matrix multiplies in the model's precision. x is the fp32 input;
     // x_half the offset of its bf16 copy in arena_half_ (bf16 mode). The
     // backward takes the same x / x_half the forward saved.
@@ -110,7 +167,18 @@ private:
     core::ModelSpec spec_;
     int64_t max_B_, max_T_;
     Precision precision_;
+    Storage storage_;
     int64_t flat_size_ = 0;
+    std::vector<Unit> units_;
+    std::vector<int> unit_of_entry_;  // registry entry -> unit
+    // Element `begin` of unit u's parameters / gradients, null while a
+    // store has not lent them.
+    std::vector<const float*> pbase_;
+    std::vector<float*> gbase_;
+    UnitStore* store_ = nullptr;
+    int unit_of(const ParamInfo& e) const {
+        return unit_of_entry_[size_t(&e - registry_.entries().data())];
+    }
     std::function<void(int64_t)> grad_ready_;
     // Weights in compute precision: bf16 (uint16) or fp16-rounded fp32.
     core::Tensor shadow_;

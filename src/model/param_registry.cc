@@ -19,6 +19,11 @@ const ParamInfo& ParamRegistry::add(const std::string& name, std::vector<int64_t
     return entries_.back();
 }
 
+void ParamRegistry::align(int64_t multiple) {
+    APIARY_CHECK(multiple >= 1, "alignment {} must be positive", multiple);
+    total_ = (total_ + multiple - 1) / multiple * multiple;
+}
+
 const ParamInfo* ParamRegistry::find(const std::string& name) const {
     for (const auto& e : entries_) {
         if (e.name == name) return &e;

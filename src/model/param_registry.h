@@ -28,6 +28,9 @@ public:
                          int layer, bool pad_after = true);
     const ParamInfo& get(const std::string& name) const;  // throws if unknown
     const ParamInfo* find(const std::string& name) const;
+    // Pads the buffer so that the next tensor starts on a multiple of
+    // `multiple` elements (unit boundaries, see Transformer::units()).
+    void align(int64_t multiple);
     const std::vector<ParamInfo>& entries() const { return entries_; }
     int64_t total() const { return total_; }       // buffer length incl. padding
     int64_t num_params() const;                     // sum of numel, no padding

@@ -22,7 +22,7 @@ AdamW::AdamW(std::vector<ParamRange> ranges, int64_t flat_size, AdamWOptions opt
 double AdamW::grad_norm(const float* grads) const {
     APIARY_PROFILE("grad norm");
     double ss = 0.0;
-    for (const auto& r : ranges_) ss += k::sum_squares(grads + r.offset, r.numel);
+    for (const auto& r : ranges_) ss += k::sum_squares(grads + r.grad_at(), r.numel);
     return std::sqrt(ss);
 }
 
@@ -41,7 +41,8 @@ double AdamW::step(float* params, const float* grads, float lr, float grad_scale
         const int64_t lo = std::max(r.offset, begin_);
         const int64_t hi = std::min(r.offset + r.numel, end_);
         if (lo >= hi) continue;
-        k::adamw_update(params + lo, grads + lo, m_.f32() + (lo - begin_),
+        k::adamw_update(params + r.param_at() + (lo - r.offset),
+                        grads + r.grad_at() + (lo - r.offset), m_.f32() + (lo - begin_),
                         v_.f32() + (lo - begin_), hi - lo, lr, opt_.beta1, opt_.beta2, opt_.eps,
                         r.decay ? opt_.weight_decay : 0.0f, t_, scale);
     }

@@ -10,9 +10,16 @@
 namespace apiary::optim {
 
 struct ParamRange {
-    int64_t offset = 0;
+    int64_t offset = 0;  // into the optimizer's state (and, by default, params and grads)
     int64_t numel = 0;
     bool decay = true;
+    // Where the range sits in the params / grads arrays passed to step(),
+    // when not at `offset` (-1): under ZeRO the state is a packed shard
+    // while the parameters may still be the whole flat buffer.
+    int64_t param_offset = -1;
+    int64_t grad_offset = -1;
+    int64_t param_at() const { return param_offset < 0 ? offset : param_offset; }
+    int64_t grad_at() const { return grad_offset < 0 ? offset : grad_offset; }
 };
 
 struct AdamWOptions {

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "ckpt/safetensors.h"
 #include "core/error.h"
@@ -46,14 +47,16 @@ core::ModelSpec spec_from_json(const json& j, const std::string& where) {
 }
 
 std::string save_checkpoint(const std::string& run_dir, int64_t step, model::Transformer& model,
-                            const OptimizerState& optimizer, const json& extra_meta) {
+                            const OptimizerState& optimizer, const json& extra_meta,
+                            const float* params) {
+    if (!params) params = std::as_const(model).params();
     const fs::path ckpt_root = fs::path(run_dir) / "ckpt";
     const std::string name = fmt::format("step_{:08d}", step);
     const fs::path dir = ckpt_root / name;
     fs::create_directories(dir);
     std::vector<ckpt::TensorEntry> weights;
     for (const auto& e : model.registry().entries()) {
-        weights.push_back({e.name, "F32", e.shape, model.params() + e.offset,
+        weights.push_back({e.name, "F32", e.shape, params + e.offset,
                            size_t(e.numel()) * sizeof(float)});
     }
     const std::map<std::string, std::string> st_meta = {{"format", "pt"},
@@ -132,7 +135,8 @@ CheckpointRef latest_checkpoint(const std::string& run_dir) {
     return ref;
 }
 
-void load_weights(const CheckpointRef& ckpt, model::Transformer& model) {
+void load_weights(const CheckpointRef& ckpt, model::Transformer& model, float* dst) {
+    if (!dst) dst = model.params();
     const std::string path = (fs::path(ckpt.dir) / "model.safetensors").string();
     const ckpt::SafetensorsFile file(path);
     for (const auto& e : model.registry().entries()) {
@@ -140,7 +144,7 @@ void load_weights(const CheckpointRef& ckpt, model::Transformer& model) {
             throw IoError(fmt::format("{}: no tensor '{}': the checkpoint is of another model",
                                       path, e.name));
         }
-        file.read_f32(e.name, e.shape, model.params() + e.offset);
+        file.read_f32(e.name, e.shape, dst + e.offset);
     }
 }
 

@@ -36,8 +36,10 @@ struct OptimizerState {
 };
 
 // Returns the checkpoint directory written.
+// params: the whole flat parameter buffer, if not the model's own (ZeRO-3).
 std::string save_checkpoint(const std::string& run_dir, int64_t step, model::Transformer& model,
-                            const OptimizerState& optimizer, const nlohmann::json& extra_meta);
+                            const OptimizerState& optimizer, const nlohmann::json& extra_meta,
+                            const float* params = nullptr);
 // Reads m and v (flat size each, in the model's layout) and the step count.
 int64_t load_optimizer_state(const CheckpointRef& ckpt, const model::Transformer& model, float* m,
                              float* v);
@@ -46,6 +48,7 @@ int64_t load_optimizer_state(const CheckpointRef& ckpt, const model::Transformer
 // missing or foreign.
 CheckpointRef latest_checkpoint(const std::string& run_dir);
 // Loads weights after checking architecture and every tensor's shape.
-void load_weights(const CheckpointRef& ckpt, model::Transformer& model);
+// dst: a whole flat buffer to fill instead of the model's own (ZeRO-3).
+void load_weights(const CheckpointRef& ckpt, model::Transformer& model, float* dst = nullptr);
 
 }  // namespace apiary::train

@@ -68,10 +68,13 @@ void validate_layout(const core::Config& c) {
                 axis, c.get_int(axis)));
         }
     }
-    if (c.get_int("parallel.zero_stage") > 1) {
-        throw ConfigError(fmt::format("parallel.zero_stage = {}: this build shards the optimizer "
-                                      "state (stage 1); stages 2 and 3 are not available yet",
-                                      c.get_int("parallel.zero_stage")));
+    parallel::DataParallel::check_stage(int(c.get_int("parallel.zero_stage")));
+    if (c.get_int("parallel.zero_stage") == 3 && c.get_string("train.precision") != "fp32") {
+        throw ConfigError(fmt::format(
+            "parallel.zero_stage = 3 with train.precision = '{}': sharded parameters need fp32 "
+            "in this build (the {} weight copy is made for the whole model at once); use stage 2 "
+            "or precision fp32",
+            c.get_string("train.precision"), c.get_string("train.precision")));
     }
     if (c.get_string("parallel.recompute") != "none") {
         throw ConfigError(fmt::format("parallel.recompute = '{}': activation recomputation is not "
@@ -161,7 +164,9 @@ public:
           dp_size_(dp_group ? dp_group->size() : 1),
           dp_rank_(dp_group ? dp_group->rank() : 0),
           corpus_(c.get_string("data.corpus"), c.get_real("data.val_fraction"), T_ + 1),
-          model_(spec_, B_, T_, precision_, parallel::DataParallel::shard_multiple(dp_size_)),
+          zero_stage_(dp_group ? int(c.get_int("parallel.zero_stage")) : 0),
+          model_(spec_, B_, T_, precision_, parallel::DataParallel::shard_multiple(dp_size_),
+                 parallel::DataParallel::storage_for(zero_stage_)),
           scaler_({c.get_real("train.loss_scale_init"), 2.0, 0.5,
                    c.get_int("train.loss_scale_growth_interval"),
                    c.get_real("train.loss_scale_min")},
@@ -173,18 +178,28 @@ public:
                 *dp_group, model_, c.get_real("comm.bucket_mb"),
                 int(c.get_int("parallel.zero_stage")), c.get_string("comm.grad_dtype") == "bf16");
         }
-        const int64_t lo = dp_ ? dp_->shard_begin() : 0;
-        const int64_t hi = dp_ ? dp_->shard_end() : model_.flat_size();
+        // Under ZeRO 1-3 the optimizer sees this rank's packed shard only.
         adam_ = std::make_unique<optim::AdamW>(
-            ranges(model_), model_.flat_size(),
+            dp_ ? dp_->optimizer_ranges() : ranges(model_),
+            dp_ ? dp_->optimizer_size() : model_.flat_size(),
             optim::AdamWOptions{float(c.get_real("train.beta1")), float(c.get_real("train.beta2")),
                                 float(c.get_real("train.eps")),
                                 float(c.get_real("train.weight_decay")),
-                                float(c.get_real("train.grad_clip"))},
-            lo, hi);
+                                float(c.get_real("train.grad_clip"))});
     }
 
-    void init_fresh() { model_.init(seed_); }
+    void init_fresh() {
+        if (zero_stage_ == 3) {
+            // Every element is a pure function of (seed, name, index): the
+            // whole model is made once here and each rank keeps its pieces.
+            std::vector<float> full(size_t(model_.flat_size()));
+            model_.init_into(seed_, full.data());
+            dp_->load_parameters(full.data());
+            return;
+        }
+        model_.init(seed_);
+        if (dp_) dp_->load_parameters(model_.params());
+    }
 
     // Loads weights, optimizer state, loss scaler and step from a checkpoint.
     void load(const CheckpointRef& ck) {
@@ -195,14 +210,25 @@ public:
                                           "config describes {}; resume without changing model.*",
                                           ck.dir, saved.dump(), have.dump()));
         }
-        load_weights(ck, model_);
+        if (zero_stage_ == 3) {
+            std::vector<float> full(size_t(model_.flat_size()));
+            load_weights(ck, model_, full.data());
+            dp_->load_parameters(full.data());
+        } else {
+            load_weights(ck, model_);
+            if (dp_) dp_->load_parameters(model_.params());
+        }
         // The file holds the whole optimizer state; this rank keeps its shard
         // (so a run may resume on a different number of ranks).
         std::vector<float> m(size_t(model_.flat_size())), v(size_t(model_.flat_size()));
         adam_->set_step_count(load_optimizer_state(ck, model_, m.data(), v.data()));
-        const int64_t lo = adam_->shard_begin(), n = adam_->shard_end() - lo;
-        std::copy_n(m.data() + lo, n, adam_->m());
-        std::copy_n(v.data() + lo, n, adam_->v());
+        if (zero_stage_ >= 1) {
+            dp_->pack(m.data(), adam_->m());
+            dp_->pack(v.data(), adam_->v());
+        } else {
+            std::copy(m.begin(), m.end(), adam_->m());
+            std::copy(v.begin(), v.end(), adam_->v());
+        }
         if (ck.meta.contains("loss_scaler")) scaler_.restore(ck.meta["loss_scaler"]);
         start_step_ = ck.step;
         if (start_step_ >= steps_) {
@@ -246,20 +272,24 @@ private:
         // Collective under ZeRO (the optimizer shards are gathered); only
         // the first rank writes.
         const int64_t flat = model_.flat_size();
-        std::vector<float> m, v;
+        std::vector<float> m, v, p;
         const float* mp = adam_->m();
         const float* vp = adam_->v();
-        if (dp_ && dp_->zero_stage() > 0) {
+        if (zero_stage_ >= 1) {
             m.resize(size_t(flat));
             v.resize(size_t(flat));
-            dp_->gather_shards(adam_->m(), m.data());
-            dp_->gather_shards(adam_->v(), v.data());
+            dp_->gather_full(adam_->m(), m.data());
+            dp_->gather_full(adam_->v(), v.data());
             mp = m.data();
             vp = v.data();
         }
+        if (zero_stage_ == 3) {
+            p.resize(size_t(flat));
+            dp_->gather_full(dp_->optimizer_params(), p.data());
+        }
         if (!main_rank()) return "";
         return save_checkpoint(run_dir_, step, model_, {mp, vp, adam_->step_count()},
-                               checkpoint_meta());
+                               checkpoint_meta(), p.empty() ? nullptr : p.data());
     }
     template <typename... Args>
     void say(fmt::format_string<Args...> f, Args&&... args) {
@@ -284,6 +314,7 @@ private:
     std::set<int64_t> inject_;
     int dp_size_, dp_rank_;
     ByteCorpus corpus_;
+    int zero_stage_;  // 0 without data parallelism
     model::Transformer model_;
     optim::LossScaler scaler_;
     std::unique_ptr<parallel::DataParallel> dp_;
@@ -351,7 +382,11 @@ TrainSummary Trainer::run(bool append_metrics) {
     bool stop_agreed = false;
     for (; step < steps_ && !stop; ++step) {
         const auto t0 = Clock::now();
-        model_.zero_grads();
+        if (dp_) {
+            dp_->zero_grads();
+        } else {
+            model_.zero_grads();
+        }
         double loss_sum = 0;
         int64_t count = 0;
         // fp16: the loss (and so every gradient) is multiplied by the scale.
@@ -386,12 +421,14 @@ TrainSummary Trainer::run(bool append_metrics) {
         }
         // After the all-reduce every rank holds the same gradients, so every
         // rank reaches the same overflow decision from the same norm.
-        const double raw_norm = adam_->grad_norm(model_.grads());
+        const double raw_norm = dp_ ? dp_->grad_norm(*adam_) : adam_->grad_norm(model_.grads());
         const bool overflow = !std::isfinite(raw_norm);
         const double lr = optim::lr_schedule(step, steps_, warmup, lr_peak, lr_min);
         const bool apply = scaler_.update(overflow, step + 1);
         if (apply) {
-            adam_->step(model_.params(), model_.grads(), float(lr), float(1.0 / scale), raw_norm);
+            adam_->step(dp_ ? dp_->optimizer_params() : model_.params(),
+                        dp_ ? dp_->optimizer_grads() : model_.grads(), float(lr),
+                        float(1.0 / scale), raw_norm);
             if (dp_) dp_->gather_parameters();
         } else if (!scaler_.enabled()) {
             throw Error(fmt::format("non-finite gradients at step {} (norm {}): training "
@@ -472,7 +509,13 @@ TrainSummary Trainer::run(bool append_metrics) {
         for (int k = 0; k < core::kNumMemCategories; ++k) {
             peak_bytes[core::category_name(core::MemCategory(k))] = mem.peak[k];
         }
-        metrics->write({{"step", step}, {"memory_peak_bytes_per_rank", peak_bytes}});
+        // The ZeRO closed form next to the accounting (params + grads +
+        // optimizer), per rank.
+        metrics->write({{"step", step},
+                        {"memory_peak_bytes_per_rank", peak_bytes},
+                        {"model_state_formula_bytes",
+                         parallel::DataParallel::model_state_formula(model_, zero_stage_,
+                                                                     dp_size_)}});
     }
     say("done: {} steps in {}, val loss {:.4f} (unigram {:.4f}), peak memory {:.1f} MiB; "
                "checkpoint {}\n",

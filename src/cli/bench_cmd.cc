@@ -165,6 +165,7 @@ void setup(CLI::App& app) {
     tr->add_flag("--profile", a.profile, "also print where a step's time goes");
     tr->callback([] { bench_train(a); });
     add_bench_comm_command(cmd);
+    add_bench_ddp_command(cmd);
     add_bench_data_commands(cmd);
 }
 

@@ -9,5 +9,7 @@ class App;
 namespace apiary::cli {
 
 void add_bench_comm_command(CLI::App* bench);
+// `apiary bench ddp` (bench_ddp_cmd.cc).
+void add_bench_ddp_command(CLI::App* bench);
 
 }  // namespace apiary::cli

@@ -142,16 +142,19 @@ GroupMonitor::GroupMonitor(std::string name, std::vector<int> world_ranks, int m
 }
 
 void GroupMonitor::begin(const Fingerprint& fp) {
+    const auto now = Clock::now();
     std::lock_guard lock(mu_);
     in_flight_ = fp;
-    in_flight_since_ = Clock::now();
+    in_flight_since_ = now;
 }
 
 void GroupMonitor::end(const Fingerprint& fp) {
+    const auto now = Clock::now();
     std::lock_guard lock(mu_);
     in_flight_.reset();
-    done_.emplace_back(fp, Clock::now());
-    if (done_.size() > kHistory) done_.pop_front();
+    done_[num_done_ % kHistory] = fp;
+    ++num_done_;
+    last_done_at_ = now;
 }
 
 double GroupMonitor::in_flight_seconds() const {
@@ -165,11 +168,13 @@ GroupSnapshot GroupMonitor::snapshot() const {
     s.world_rank = my_world_rank_;
     s.in_flight = in_flight_;
     if (in_flight_) s.in_flight_s = seconds_since(in_flight_since_);
-    if (!done_.empty()) {
-        s.last_done = done_.back().first;
-        s.idle_s = seconds_since(done_.back().second);
+    if (num_done_ > 0) {
+        s.last_done = done_[(num_done_ - 1) % kHistory];
+        s.idle_s = seconds_since(last_done_at_);
     }
-    for (const auto& d : done_) s.recent.push_back(d.first);
+    // Oldest first.
+    const uint64_t first = num_done_ > kHistory ? num_done_ - kHistory : 0;
+    for (uint64_t i = first; i < num_done_; ++i) s.recent.push_back(done_[i % kHistory]);
     return s;
 }
 

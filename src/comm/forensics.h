@@ -10,9 +10,9 @@
 //   mismatch at #5: rank 0 calls all_reduce #5 bucket 5 (f32 x 1024) while
 //   rank 1 calls all_reduce #5 bucket 6 (f32 x 1024)
 
+#include <array>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <mutex>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
@@ -62,7 +62,11 @@ class GroupMonitor {
     mutable std::mutex mu_;
     std::optional<Fingerprint> in_flight_;
     Clock::time_point in_flight_since_;
-    std::deque<std::pair<Fingerprint, Clock::time_point>> done_;
+    // The last kHistory completed calls, a ring (no allocation per call:
+    // this runs on every collective, and small ones take about a microsecond).
+    std::array<Fingerprint, kHistory> done_{};
+    uint64_t num_done_ = 0;
+    Clock::time_point last_done_at_{};
 };
 
 // One line: who is behind and where, or which ranks disagree. `members` are

@@ -1,16 +1,29 @@
 // s3:// without a server: URL parsing, path-style endpoint joining, where the
-// endpoint, region and credentials come from, and S3 error documents.
+// endpoint, region and credentials come from, S3 error documents, and the
+// errors for missing credentials and an endpoint nobody listens on. The
+// signed requests themselves are tested against Ceph's radosgw in
+// s3_ceph_test.cc (label slow).
 
 #include "data/s3.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <map>
 
 #include "core/error.h"
+#include "data/loader.h"
+#include "data/remote.h"
+#include "test_util.h"
 
 namespace apiary::data {
 namespace {
+
+using testing::ScopedEnv;
+using testing::TempDir;
 
 // The message of the ConfigError that f throws ("" when none).
 template <class F>
@@ -33,6 +46,7 @@ EnvLookup env_of(std::map<std::string, std::string> vars) {
 TEST(S3Url, SplitsBucketAndKey) {
     EXPECT_TRUE(is_s3_url("s3://b/k"));
     EXPECT_FALSE(is_s3_url("https://b/k"));
+    EXPECT_TRUE(is_url("s3://b/k"));
     S3Location l = parse_s3_url("s3://my-bucket.1/corpus/train_000000.bin");
     EXPECT_EQ(l.bucket, "my-bucket.1");
     EXPECT_EQ(l.key, "corpus/train_000000.bin");
@@ -165,6 +179,64 @@ TEST(S3Error, MessagesNameTheUrlTheCodeAndWhatToCheck) {
         << msg;
     msg = s3_error_message(url, http, a, 502, "<html>Bad Gateway</html>");
     EXPECT_NE(msg.find("HTTP status 502"), std::string::npos) << msg;
+}
+
+TEST(S3Url, SourceListsKeepS3UrlsWhole) {
+    const auto s = parse_sources("s3://bkt/a:0.25, s3://bkt/b,s3://bkt");
+    ASSERT_EQ(s.size(), 3u);
+    EXPECT_EQ(s[0].path, "s3://bkt/a");
+    EXPECT_EQ(s[0].weight, 0.25);
+    EXPECT_EQ(s[1].path, "s3://bkt/b");
+    EXPECT_EQ(s[1].weight, 1.0);
+    EXPECT_EQ(s[2].path, "s3://bkt");
+}
+
+int closed_port() {
+    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    socklen_t len = sizeof(a);
+    ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+    ::close(s);
+    return ntohs(a.sin_port);
+}
+
+TEST(S3Cache, MissingCredentialsAreAConfigErrorAtTheFirstS3Url) {
+    TempDir tmp("s3_nocreds");
+    ScopedEnv env({{"AWS_ACCESS_KEY_ID", "AKID"}, {"AWS_SECRET_ACCESS_KEY", nullptr}});
+    LoaderOptions o;
+    o.sources = {{"s3://bkt/corpus", 1}};
+    o.remote.cache_dir = tmp.path("cache");
+    const std::string msg = config_error([&] { Loader loader(o); });
+    EXPECT_NE(msg.find("set AWS_SECRET_ACCESS_KEY"), std::string::npos) << msg;
+}
+
+TEST(S3Cache, UnreachableEndpointNamesUrlAndEndpoint) {
+    TempDir tmp("s3_dead");
+    ScopedEnv env({{"AWS_ACCESS_KEY_ID", "AKID"},
+                   {"AWS_SECRET_ACCESS_KEY", "SECRET"},
+                   {"AWS_ENDPOINT_URL", nullptr}});
+    const std::string endpoint = fmt::format("http://127.0.0.1:{}", closed_port());
+    ShardCache cache({.cache_dir = tmp.path("cache"),
+                      .retries = 2,
+                      .connect_timeout_s = 2,
+                      .s3_endpoint = endpoint});
+    try {
+        cache.manifest("s3://bkt/corpus");
+        FAIL() << "no error";
+    } catch (const IoError& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("'s3://bkt/corpus/manifest.json' (GET " + endpoint +
+                           "/bkt/corpus/manifest.json)"),
+                  std::string::npos)
+            << msg;
+        EXPECT_NE(msg.find("is the S3 endpoint " + endpoint + " (from data.s3_endpoint) right"),
+                  std::string::npos)
+            << msg;
+        EXPECT_EQ(msg.find("SECRET"), std::string::npos) << msg;
+    }
 }
 
 }  // namespace

@@ -22,8 +22,17 @@ void add_keys(core::Schema& s) {
     s.add_bool("data.verify", true,
                "check each shard's checksum and token range before its first use");
     s.add_string("data.cache_dir", ".cache/apiary-shards",
-                 "local cache for http(s):// sources (least recently used files go first)");
+                 "local cache for http(s):// and s3:// sources (least recently used files go "
+                 "first)");
     s.add_int("data.cache_mb", 10240, "size bound of data.cache_dir in MiB", 1);
+    // Credentials are deliberately not keys: they come from AWS_ACCESS_KEY_ID and
+    // AWS_SECRET_ACCESS_KEY only, so no config file ever holds them.
+    s.add_string("data.s3_endpoint", "",
+                 "endpoint of s3://bucket/key sources, path-style (e.g. http://127.0.0.1:7480); "
+                 "empty: AWS_ENDPOINT_URL, else https://s3.<region>.amazonaws.com");
+    s.add_string("data.s3_region", "",
+                 "SigV4 signing region of s3:// sources; empty: AWS_REGION, AWS_DEFAULT_REGION, "
+                 "else us-east-1");
     s.add_int("data.curriculum_start", 0,
               "sequence-length curriculum: first seq len (0: off), growing to train.seq_len", 0,
               1 << 22);
@@ -53,6 +62,8 @@ LoaderOptions LoaderOptions::from_config(const core::Config& c, int dp_rank, int
     o.verify = c.get_bool("data.verify");
     o.remote.cache_dir = c.get_string("data.cache_dir");
     o.remote.cache_bytes = static_cast<uint64_t>(c.get_int("data.cache_mb")) << 20;
+    o.remote.s3_endpoint = c.get_string("data.s3_endpoint");
+    o.remote.s3_region = c.get_string("data.s3_region");
     if (!c.get_string("data.tokenizer_file").empty()) {
         o.tokenizer_hash = hex64(Tokenizer::load(c.get_string("data.tokenizer_file")).hash());
     }

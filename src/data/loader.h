@@ -53,7 +53,7 @@ class Config;
 namespace apiary::data {
 
 struct SourceSpec {
-    std::string path;  // directory with manifest.json (or the file), or an http(s) URL of one
+    std::string path;  // directory with manifest.json (or the file), or an http(s)/s3 URL of one
     double weight = 1.0;
 };
 
@@ -76,7 +76,7 @@ struct LoaderOptions {
     int prefetch = 4;            // batches queued ahead; 0: no thread
     bool verify = true;          // check a shard's checksum and tokens before its first use
     std::string tokenizer_hash;  // hex; if set, every manifest must match
-    RemoteOptions remote;        // cache for http(s) sources (data/remote.h)
+    RemoteOptions remote;        // cache for http(s) and s3 sources (data/remote.h)
 
     // data.* keys plus train.batch_size and train.seq_len (data/keys.h).
     static LoaderOptions from_config(const core::Config& config, int dp_rank, int dp_size,

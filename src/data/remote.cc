@@ -25,16 +25,31 @@ void init_curl() {
     std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
 }
 
+// GET sends no body: its SigV4 payload hash is the SHA-256 of the empty
+// string. Signing it, rather than sending UNSIGNED-PAYLOAD, is accepted by
+// every S3 store; libcurl uses this header's value as the payload hash.
+constexpr const char* kEmptySha256 =
+    "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+constexpr size_t kMaxErrorBody = 64u << 10;
+
 struct Sink {
+    CURL* curl = nullptr;
     std::string* text = nullptr;
     FILE* file = nullptr;
     uint64_t received = 0;
     uint64_t limit = UINT64_MAX;  // refuse bodies longer than asked for
+    std::string error_body;       // the body of a status >= 300, never written to text or file
 };
 
 size_t on_data(char* ptr, size_t size, size_t n, void* user) {
     auto* s = static_cast<Sink*>(user);
     const size_t len = size * n;
+    long status = 0;
+    curl_easy_getinfo(s->curl, CURLINFO_RESPONSE_CODE, &status);
+    if (status >= 300) {  // an error document (S3's names the error), not content
+        s->error_body.append(ptr, std::min(len, kMaxErrorBody - s->error_body.size()));
+        return len;
+    }
     if (s->received + len > s->limit) return 0;  // makes curl fail with a write error
     if (s->text) s->text->append(ptr, len);
     if (s->file && std::fwrite(ptr, 1, len, s->file) != len) return 0;
@@ -42,17 +57,51 @@ size_t on_data(char* ptr, size_t size, size_t n, void* user) {
     return len;
 }
 
+}  // namespace
+
+struct RemoteTarget {
+    std::string url;       // as written, named in errors
+    std::string http_url;  // what curl requests
+    const S3Access* s3 = nullptr;
+
+    // How messages name it: the URL, and for s3:// the request it became.
+    std::string where() const {
+        return s3 ? fmt::format("'{}' (GET {})", url, http_url) : fmt::format("'{}'", url);
+    }
+};
+
+namespace {
+
 // One GET (optionally of a byte range); returns the curl code and HTTP status.
-std::pair<CURLcode, long> http_get(const std::string& url, const std::string& range, Sink& sink,
+std::pair<CURLcode, long> http_get(const RemoteTarget& t, const std::string& range, Sink& sink,
                                    long connect_timeout_s, std::string* error) {
     init_curl();
     CURL* c = curl_easy_init();
+    sink.curl = c;
     char err[CURL_ERROR_SIZE] = {};
-    curl_easy_setopt(c, CURLOPT_URL, url.c_str());
+    curl_easy_setopt(c, CURLOPT_URL, t.http_url.c_str());
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &sink);
     curl_easy_setopt(c, CURLOPT_ERRORBUFFER, err);
-    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_slist* headers = nullptr;
+    if (t.s3) {
+        // libcurl signs the request (Authorization, x-amz-date) with these.
+        const std::string sigv4 = "aws:amz:" + t.s3->region + ":s3";
+        curl_easy_setopt(c, CURLOPT_AWS_SIGV4, sigv4.c_str());
+        curl_easy_setopt(c, CURLOPT_USERNAME, t.s3->access_key_id.c_str());
+        curl_easy_setopt(c, CURLOPT_PASSWORD, t.s3->secret_access_key.c_str());
+        headers = curl_slist_append(headers,
+                                    fmt::format("x-amz-content-sha256: {}", kEmptySha256).c_str());
+        if (!t.s3->session_token.empty()) {
+            headers = curl_slist_append(headers,
+                                        ("x-amz-security-token: " + t.s3->session_token).c_str());
+        }
+        curl_easy_setopt(c, CURLOPT_HTTPHEADER, headers);
+        // A redirect would need a new signature; S3's 301 names the right region instead.
+        curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
+    } else {
+        curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+    }
     curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, connect_timeout_s);
     // A stalled transfer (< 1 KB/s for 30 s) counts as dropped and is retried.
     curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1024L);
@@ -63,14 +112,37 @@ std::pair<CURLcode, long> http_get(const std::string& url, const std::string& ra
     long status = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
     curl_easy_cleanup(c);
+    curl_slist_free_all(headers);
     *error = err[0] ? err : curl_easy_strerror(rc);
     return {rc, status};
+}
+
+// A response with an error status; `what` says which part of an http(s) URL
+// was asked for (S3's error document says what went wrong instead).
+std::string status_message(const RemoteTarget& t, long status, const std::string& body,
+                           const std::string& what) {
+    if (t.s3) return s3_error_message(t.url, t.http_url, *t.s3, status, body);
+    return fmt::format("cannot fetch '{}'{}: HTTP status {}", t.url, what, status);
+}
+
+// The question that ends a message about a server that did not answer.
+std::string server_question(const RemoteTarget& t) {
+    if (!t.s3) return "is the server up?";
+    return fmt::format("is the S3 endpoint {} (from {}) right and up?", t.s3->endpoint,
+                       t.s3->endpoint_source);
 }
 
 }  // namespace
 
 bool is_url(const std::string& path) {
-    return path.rfind("http://", 0) == 0 || path.rfind("https://", 0) == 0;
+    return path.rfind("http://", 0) == 0 || path.rfind("https://", 0) == 0 || is_s3_url(path);
+}
+
+RemoteTarget ShardCache::target(const std::string& url) const {
+    if (!is_s3_url(url)) return {url, url, nullptr};
+    const S3Location loc = parse_s3_url(url);
+    if (!s3_) s3_ = resolve_s3_access(opt_.s3_endpoint, opt_.s3_region, getenv_or_empty);
+    return {url, s3_http_url(s3_->endpoint, loc), &*s3_};
 }
 
 ShardCache::ShardCache(RemoteOptions options) : opt_(std::move(options)) {
@@ -78,21 +150,20 @@ ShardCache::ShardCache(RemoteOptions options) : opt_(std::move(options)) {
 }
 
 std::string ShardCache::fetch_text(const std::string& url) const {
+    const RemoteTarget t = target(url);
     std::string last;
     for (int attempt = 0; attempt < opt_.retries; ++attempt) {
         std::string body, error;
         Sink sink;
         sink.text = &body;
         sink.limit = 1u << 30;
-        const auto [rc, status] = http_get(url, "", sink, opt_.connect_timeout_s, &error);
+        const auto [rc, status] = http_get(t, "", sink, opt_.connect_timeout_s, &error);
         if (rc == CURLE_OK && status == 200) return body;
-        if (rc == CURLE_OK) {
-            throw IoError(fmt::format("cannot fetch '{}': HTTP status {}", url, status));
-        }
+        if (rc == CURLE_OK) throw IoError(status_message(t, status, sink.error_body, ""));
         last = error;
     }
-    throw IoError(fmt::format("cannot fetch '{}': {} (after {} attempts); is the server up?", url,
-                              last, opt_.retries));
+    throw IoError(fmt::format("cannot fetch {}: {} (after {} attempts); {}", t.where(), last,
+                              opt_.retries, server_question(t)));
 }
 
 Manifest ShardCache::manifest(const std::string& url) const {
@@ -110,7 +181,7 @@ Manifest ShardCache::manifest(const std::string& url) const {
     return m;
 }
 
-void ShardCache::download(const std::string& url, const std::string& tmp, uint64_t bytes) const {
+void ShardCache::download(const RemoteTarget& t, const std::string& tmp, uint64_t bytes) const {
     FILE* f = std::fopen(tmp.c_str(), "wb");
     if (!f) throw IoError(fmt::format("cannot create '{}' in the shard cache", tmp));
     uint64_t offset = 0;
@@ -122,19 +193,19 @@ void ShardCache::download(const std::string& url, const std::string& tmp, uint64
         sink.file = f;
         sink.limit = end - offset + 1;
         const auto [rc, status] =
-            http_get(url, fmt::format("{}-{}", offset, end), sink, opt_.connect_timeout_s, &error);
+            http_get(t, fmt::format("{}-{}", offset, end), sink, opt_.connect_timeout_s, &error);
         const uint64_t before = offset;
         if (status == 200 && offset > 0) {
             std::fclose(f);
             throw IoError(
-                fmt::format("'{}' ignores HTTP range requests (status 200 for a range "
+                fmt::format("{} ignores HTTP range requests (status 200 for a range "
                             "from byte {}); serve it from a server that supports them",
-                            url, offset));
+                            t.where(), offset));
         }
         if (status != 0 && status != 200 && status != 206) {
             std::fclose(f);
-            throw IoError(fmt::format("cannot fetch '{}' bytes {}-{}: HTTP status {}", url, offset,
-                                      end, status));
+            throw IoError(status_message(t, status, sink.error_body,
+                                         fmt::format(" (bytes {}-{})", offset, end)));
         }
         offset += sink.received;  // what arrived is kept, even from a dropped connection
         if (rc == CURLE_OK && offset == end + 1) {
@@ -146,9 +217,9 @@ void ShardCache::download(const std::string& url, const std::string& tmp, uint64
         if (failures >= opt_.retries) {
             std::fclose(f);
             throw IoError(
-                fmt::format("cannot fetch '{}': {} at byte {} of {} ({} attempts "
-                            "without progress)",
-                            url, error, offset, bytes, failures));
+                fmt::format("cannot fetch {}: {} at byte {} of {} ({} attempts "
+                            "without progress); {}",
+                            t.where(), error, offset, bytes, failures, server_question(t)));
         }
     }
     if (std::fflush(f) != 0 || ::fsync(fileno(f)) != 0) {
@@ -165,9 +236,16 @@ std::string ShardCache::get(const std::string& url, uint64_t bytes, const std::s
         ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // most recently used now
         return path.string();
     }
+    const RemoteTarget t = target(url);
     make_room(bytes);
     const std::string tmp = path.string() + "." + std::to_string(::getpid()) + ".part";
-    download(url, tmp, bytes);
+    try {
+        download(t, tmp, bytes);
+    } catch (...) {
+        std::error_code ec;
+        fs::remove(tmp, ec);  // a part file would only waste cache space
+        throw;
+    }
     ++downloads_;
     const std::string got = hex64(xxhash64_file(tmp));
     if (got != xxh64) {

@@ -1,6 +1,6 @@
 #pragma once
-// Remote shards: `http(s)://` sources read through libcurl into a local,
-// size-bounded cache.
+// Remote shards: `http(s)://` and `s3://` sources read through libcurl into a
+// local, size-bounded cache.
 //
 // A source path that is a URL names a directory: URL/manifest.json is fetched
 // first, then each shard URL/<file> is downloaded with HTTP range requests of
@@ -15,14 +15,22 @@
 // removed until the new one fits in `cache_bytes`. A shard that is mapped by
 // a running loader stays readable after eviction (Linux keeps unlinked,
 // mapped files), so eviction never breaks a run; it only bounds disk use.
+//
+// `s3://bucket/key` is fetched the same way from an S3-compatible endpoint,
+// path-style and signed with AWS SigV4 (data/s3.h says where the endpoint,
+// region and credentials come from). Credentials are looked up at the first
+// s3:// request, so http(s) and local sources never need them.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
+#include "data/s3.h"
 #include "data/shard.h"
 
 namespace apiary::data {
 
+// http://, https:// or s3://: a source the ShardCache fetches.
 bool is_url(const std::string& path);
 
 struct RemoteOptions {
@@ -31,7 +39,11 @@ struct RemoteOptions {
     size_t range_bytes = 16u << 20;
     int retries = 5;
     long connect_timeout_s = 10;
+    std::string s3_endpoint{};  // empty: AWS_ENDPOINT_URL, else AWS's (data/s3.h)
+    std::string s3_region{};    // empty: AWS_REGION, AWS_DEFAULT_REGION, else us-east-1
 };
+
+struct RemoteTarget;  // a URL as requested (remote.cc)
 
 class ShardCache {
   public:
@@ -49,9 +61,11 @@ class ShardCache {
     uint64_t cached_bytes() const;
 
   private:
+    RemoteTarget target(const std::string& url) const;
     void make_room(uint64_t bytes) const;
-    void download(const std::string& url, const std::string& tmp, uint64_t bytes) const;
+    void download(const RemoteTarget& target, const std::string& tmp, uint64_t bytes) const;
     RemoteOptions opt_;
+    mutable std::optional<S3Access> s3_;  // resolved at the first s3:// URL
     uint64_t downloads_ = 0;
 };
 

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -20,6 +21,28 @@ TempDir::TempDir(const std::string& name) {
 TempDir::~TempDir() {
     std::error_code ec;
     fs::remove_all(dir_, ec);
+}
+
+ScopedEnv::ScopedEnv(std::initializer_list<std::pair<std::string, const char*>> vars) {
+    for (const auto& [name, value] : vars) {
+        const char* old = std::getenv(name.c_str());
+        old_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
+        if (value) {
+            ::setenv(name.c_str(), value, 1);
+        } else {
+            ::unsetenv(name.c_str());
+        }
+    }
+}
+
+ScopedEnv::~ScopedEnv() {
+    for (const auto& [name, value] : old_) {
+        if (value) {
+            ::setenv(name.c_str(), value->c_str(), 1);
+        } else {
+            ::unsetenv(name.c_str());
+        }
+    }
 }
 
 void run_or_fail(const std::string& command) {

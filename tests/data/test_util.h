@@ -1,12 +1,16 @@
 #pragma once
-// Helpers shared by the data tests: temporary directories, the default corpus
-// and the node peers in tools/peers (installed by scripts/install-deps.sh).
+// Helpers shared by the data tests: temporary directories, environment
+// variables, the default corpus and the node peers in tools/peers (installed
+// by scripts/install-deps.sh).
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <filesystem>
+#include <initializer_list>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace apiary::data::testing {
@@ -21,6 +25,19 @@ class TempDir {
 
   private:
     std::filesystem::path dir_;
+};
+
+// Sets (or, for nullptr, unsets) environment variables for the scope of one
+// test and puts the old values back.
+class ScopedEnv {
+  public:
+    explicit ScopedEnv(std::initializer_list<std::pair<std::string, const char*>> vars);
+    ~ScopedEnv();
+    ScopedEnv(const ScopedEnv&) = delete;
+    ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+  private:
+    std::vector<std::pair<std::string, std::optional<std::string>>> old_;
 };
 
 // Runs a shell command; fails the test (with its output) when it exits non-zero.

@@ -291,9 +291,30 @@ private:
         return save_checkpoint(run_dir_, step, model_, {mp, vp, adam_->step_count()},
                                checkpoint_meta(), p.empty() ? nullptr : p.data());
     }
+    // Rank 0 prints; every rank writes the same lines to its own log in the
+    // run directory (logs/rank_NNNNN.log), with what it alone knows added
+    // by note().
     template <typename... Args>
     void say(fmt::format_string<Args...> f, Args&&... args) {
-        if (main_rank()) fmt::print(f, std::forward<Args>(args)...);
+        const std::string text = fmt::format(f, std::forward<Args>(args)...);
+        if (main_rank()) fmt::print("{}", text);
+        note(text);
+    }
+    void note(std::string text) {
+        if (!rank_log_.is_open()) return;
+        // Terminal line rewrites ("\r\033[K") are for the console only.
+        for (size_t at; (at = text.find("\r\033[K")) != std::string::npos;) text.erase(at, 4);
+        if (text.empty()) return;
+        rank_log_ << text;
+        if (text.back() != '\n') rank_log_ << '\n';
+        rank_log_.flush();
+    }
+    void open_rank_log(bool append) {
+        const fs::path dir = fs::path(run_dir_) / "logs";
+        fs::create_directories(dir);
+        const std::string path = (dir / fmt::format("rank_{:05d}.log", dp_rank_)).string();
+        rank_log_.open(path, append ? std::ios::app : std::ios::trunc);
+        if (!rank_log_) throw IoError(fmt::format("{}: cannot open for writing", path));
     }
     json checkpoint_meta() const {
         return {{"tokenizer", c_.get_string("data.tokenizer")},
@@ -321,6 +342,7 @@ private:
     std::unique_ptr<optim::AdamW> adam_;
     std::vector<int32_t> tokens_, targets_;
     int64_t start_step_ = 0;
+    std::ofstream rank_log_;
 };
 
 double Trainer::evaluate() {
@@ -341,6 +363,7 @@ double Trainer::evaluate() {
 }
 
 TrainSummary Trainer::run(bool append_metrics) {
+    open_rank_log(append_metrics);
     std::optional<MetricsLog> metrics;
     if (main_rank()) metrics.emplace((fs::path(run_dir_) / "metrics.jsonl").string(), append_metrics);
     const double peak = precision_ == model::Precision::bf16
@@ -472,6 +495,11 @@ TrainSummary Trainer::run(bool append_metrics) {
             }
             if (dp_) rec["comm_exposed_s"] = dp_->exposed_seconds();
             if (metrics) metrics->write(rec);
+            if (dp_) {
+                note(fmt::format("rank {}: step {} took {:.3f} s, {:.3f} s waiting on gradient "
+                                 "communication",
+                                 dp_rank_, step + 1, dt, dp_->exposed_seconds()));
+            }
             const std::string eval_part =
                 std::isnan(last_eval) ? "" : fmt::format(" | val {:.4f}", last_eval);
             const std::string scale_part =

@@ -114,6 +114,18 @@ TEST_F(Ddp, TwoAndFourRanksMatchOneRank) {
         // fp32 sums in a different order: 1e-5 relative on losses; the
         // parameters after 20 AdamW steps agree to the same order.
         expect_same_run("r1", name, 1e-5, 1e-5);
+        // Rank 0 prints; every rank keeps its own log in the run directory.
+        for (int rank = 0; rank < n; ++rank) {
+            const fs::path log = dir_ / name / "logs" / fmt::format("rank_{:05d}.log", rank);
+            std::ifstream in(log);
+            ASSERT_TRUE(in) << log;
+            const std::string text((std::istreambuf_iterator<char>(in)), {});
+            EXPECT_NE(text.find("step 20/20"), std::string::npos) << log;
+            EXPECT_NE(text.find(fmt::format("rank {}: step 20 took", rank)), std::string::npos)
+                << log;
+            EXPECT_NE(text.find("done: 20 steps"), std::string::npos) << log;
+            EXPECT_EQ(text.find('\r'), std::string::npos) << log;
+        }
     }
 }
 

@@ -38,16 +38,17 @@ Transformer::Transformer(const core::ModelSpec& spec, int64_t max_B, int64_t max
     }
     APIARY_CHECK(max_B >= 1 && max_T >= 1, "bad activation shape B={} T={}", max_B, max_T);
     APIARY_CHECK(flat_multiple >= 1, "flat_multiple {} must be positive", flat_multiple);
-    if (storage_ == Storage::sharded && precision_ != Precision::fp32) {
-        throw ConfigError("sharded parameters (ZeRO stage 3) need train.precision = fp32 in this "
-                          "build: the bf16 and fp16 weight copies are made for the whole flat "
-                          "buffer at once");
+    if (storage_ == Storage::sharded && precision_ == Precision::fp16) {
+        throw ConfigError("sharded parameters (ZeRO stage 3) take train.precision = fp32 or bf16; "
+                          "the emulated fp16 weight copy is made for the whole flat buffer at "
+                          "once");
     }
     build_registry(flat_multiple);
     flat_size_ = registry_.total();
     const int n_units = spec_.n_layer + 2;
     pbase_.assign(size_t(n_units), nullptr);
     gbase_.assign(size_t(n_units), nullptr);
+    hbase_.assign(size_t(n_units), nullptr);
     if (storage_ != Storage::sharded) {
         params_ = core::Tensor({flat_size_}, DType::f32, MemCategory::params);
         for (int u = 0; u < n_units; ++u) pbase_[size_t(u)] = params_.f32() + units_[size_t(u)].begin;
@@ -56,8 +57,11 @@ Transformer::Transformer(const core::ModelSpec& spec, int64_t max_B, int64_t max
         grads_ = core::Tensor({flat_size_}, DType::f32, MemCategory::grads);
         for (int u = 0; u < n_units; ++u) gbase_[size_t(u)] = grads_.f32() + units_[size_t(u)].begin;
     }
-    if (precision_ == Precision::bf16) {
+    if (precision_ == Precision::bf16 && storage_ != Storage::sharded) {
         shadow_ = core::Tensor({flat_size_}, DType::bf16, MemCategory::params);
+        for (int u = 0; u < n_units; ++u) {
+            hbase_[size_t(u)] = shadow_.data<uint16_t>() + units_[size_t(u)].begin;
+        }
     } else if (precision_ == Precision::fp16) {
         shadow_ = core::Tensor({flat_size_}, DType::f32, MemCategory::params);
     }
@@ -153,16 +157,26 @@ float* Transformer::grad(const std::string& name) {
     return base + (e.offset - units_[size_t(u)].begin);
 }
 
+const uint16_t* Transformer::wh(const std::string& name) const {
+    const ParamInfo& e = registry_.get(name);
+    const int u = unit_of(e);
+    const uint16_t* base = hbase_[size_t(u)];
+    APIARY_CHECK(base != nullptr, "bf16 weights of unit {} ('{}') are not resident", u, name);
+    return base + (e.offset - units_[size_t(u)].begin);
+}
+
 void Transformer::use_params(int u, int next) {
     if (storage_ != Storage::sharded) return;
     APIARY_CHECK(store_ != nullptr, "sharded parameters without a unit store");
     pbase_[size_t(u)] = store_->acquire_params(u, next);
+    if (precision_ == Precision::bf16) hbase_[size_t(u)] = store_->params_bf16(u);
 }
 
 void Transformer::drop_params(int u) {
     if (storage_ != Storage::sharded || pbase_[size_t(u)] == nullptr) return;
     store_->release_params(u);
     pbase_[size_t(u)] = nullptr;
+    hbase_[size_t(u)] = nullptr;
 }
 
 void Transformer::use_grads(int u) {
@@ -305,8 +319,8 @@ const float* Transformer::head_weight() const { return param(head_name()); }
 float* Transformer::head_grad() { return grad(head_name()); }
 
 void Transformer::refresh_shadow() {
-    if (!shadow_stale_ || precision_ == Precision::fp32) return;
-    // (Storage::sharded is fp32 only, so params_ exists here.)
+    // Under Storage::sharded the store makes the copy of each unit it lends.
+    if (!shadow_stale_ || precision_ == Precision::fp32 || storage_ == Storage::sharded) return;
     APIARY_PROFILE("weight cast");
     if (precision_ == Precision::bf16) {
         k::to_bf16(shadow_.data<uint16_t>(), params_.f32(), flat_size_);

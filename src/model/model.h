@@ -53,6 +53,8 @@ public:
     // Unit u's parameters, valid until release_params(u). `next` is the unit
     // the model will ask for after u (-1: none known), to be prefetched.
     virtual const float* acquire_params(int u, int next) = 0;
+    // The same parameters rounded to bf16 (bf16 models), valid as long.
+    virtual const uint16_t* params_bf16(int u) = 0;
     virtual void release_params(int u) = 0;
     // A zeroed buffer for unit u's gradients of this micro-step; backward
     // adds into it. release_grads(u): they are complete.
@@ -73,7 +75,7 @@ public:
     // flat_multiple: the flat buffers' length is padded to a multiple of it
     // (data parallelism shards them into equal parts).
     // storage != full: the buffers come from set_unit_store() (ZeRO-2/3);
-    // Storage::sharded needs fp32 (the weight casts are per whole buffer).
+    // Storage::sharded takes fp32 or bf16 (the store lends the bf16 copy).
     Transformer(const core::ModelSpec& spec, int64_t max_B, int64_t max_T,
                 Precision precision = Precision::fp32, int64_t flat_multiple = 16,
                 Storage storage = Storage::full);
@@ -175,6 +177,7 @@ private:
     // store has not lent them.
     std::vector<const float*> pbase_;
     std::vector<float*> gbase_;
+    std::vector<const uint16_t*> hbase_;  // the bf16 weight copy, per unit
     UnitStore* store_ = nullptr;
     int unit_of(const ParamInfo& e) const {
         return unit_of_entry_[size_t(&e - registry_.entries().data())];
@@ -200,9 +203,7 @@ private:
     core::Tensor head_scratch_half_;   // bf16 logit gradients of one row block
     int64_t lnf_h_ = 0;
     uint16_t* half(int64_t offset) { return arena_half_.data<uint16_t>() + offset; }
-    const uint16_t* wh(const std::string& name) const {
-        return shadow_.data<uint16_t>() + registry_.get(name).offset;
-    }
+    const uint16_t* wh(const std::string& name) const;
     std::vector<LayerOffsets> layer_;
     int64_t encoded_ = 0, lnf_ = 0, lnf_mean_ = 0, lnf_rstd_ = 0;
     // Backward scratch shared by all blocks.

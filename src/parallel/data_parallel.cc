@@ -105,6 +105,7 @@ DataParallel::DataParallel(comm::ProcessGroup& dp, model::Transformer& model, do
     // Lent buffers: the embedding and final units get their own (they live
     // through the whole pass), the blocks share two.
     const int post = int(units_.size()) - 1;
+    const bool bf16_model = model.precision() == model::Precision::bf16;
     auto make_slots = [&](std::vector<Slot>& slots, MemCategory cat, bool grads) {
         const int64_t sizes[4] = {units_[0].size(), units_[size_t(post)].size(), largest_block,
                                   largest_block};
@@ -112,7 +113,10 @@ DataParallel::DataParallel(comm::ProcessGroup& dp, model::Transformer& model, do
         for (int i = 0; i < 4; ++i) {
             const int64_t sz = std::max<int64_t>(sizes[i], 16);
             slots[size_t(i)].buf = core::Tensor({sz}, DType::f32, cat);
-            if (!grads) continue;
+            if (!grads) {
+                if (bf16_model) slots[size_t(i)].half = core::Tensor({sz}, DType::bf16, cat);
+                continue;
+            }
             if (bf16_wire_) {
                 slots[size_t(i)].wire = core::Tensor({sz}, DType::bf16, MemCategory::buffers);
             }
@@ -325,6 +329,7 @@ void DataParallel::gather_parameters() {
             APIARY_CHECK(!s.lent, "unit {} still lent at the optimizer step", s.unit);
             s.unit = -1;
             s.valid = false;
+            s.half_valid = false;
         }
         return;
     }
@@ -389,6 +394,7 @@ void DataParallel::start_gather(Slot& s, int u) {
     const Piece& p = pieces_[size_t(u)];
     s.unit = u;
     s.valid = false;
+    s.half_valid = false;
     s.work = dp_.all_gather(master_.f32() + p.packed, s.buf.f32(), p.count, DType::f32,
                             {"zero3_params", u});
 }
@@ -409,6 +415,20 @@ const float* DataParallel::acquire_params(int u, int next) {
         if (n.unit != next && !n.lent) start_gather(n, next);
     }
     return s.buf.f32();
+}
+
+const uint16_t* DataParallel::params_bf16(int u) {
+    for (auto& s : pslots_) {
+        if (s.unit != u || !s.lent) continue;
+        APIARY_CHECK(s.half.numel() > 0, "bf16 weights asked of an fp32 model");
+        if (!s.half_valid) {
+            kernels::to_bf16(s.half.data<uint16_t>(), s.buf.f32(), units_[size_t(u)].size());
+            s.half_valid = true;
+        }
+        return s.half.data<uint16_t>();
+    }
+    APIARY_CHECK(false, "bf16 weights of unit {} asked while it is not lent", u);
+    return nullptr;
 }
 
 void DataParallel::release_params(int u) {
@@ -491,13 +511,13 @@ int64_t DataParallel::model_state_formula(const model::Transformer& model, int z
     const int64_t W = std::max<int64_t>(units.front().size(), 16) +
                       std::max<int64_t>(units.back().size(), 16) + 2 * largest_block;
     int64_t shadow = 0;  // the weight copy in compute precision
-    if (model.precision() == model::Precision::bf16) shadow = 2 * P;
+    if (model.precision() == model::Precision::bf16) shadow = zero_stage == 3 ? 2 * W : 2 * P;
     if (model.precision() == model::Precision::fp16) shadow = 4 * P;
     switch (zero_stage) {
         case 0: return 16 * P + shadow;
         case 1: return 8 * P + 8 * S + shadow;
         case 2: return 4 * P + 12 * S + 4 * W + shadow;
-        default: return 16 * S + 8 * W;
+        default: return 16 * S + 8 * W + shadow;
     }
 }
 

@@ -20,6 +20,7 @@
 //            master parameters; each unit is all-gathered just before the
 //            model uses it, the next unit prefetched, and released after (two
 //            block buffers; the embedding and final units stay for the pass).
+//            A bf16 model gets each lent unit rounded to bf16 once per gather.
 //
 // Model-state bytes per rank (fp32, P = padded parameter count, N ranks,
 // W = the floats of one set of lent buffers: embedding, final, two blocks):
@@ -27,6 +28,7 @@
 //   stage 1:  8 P +  8 P / N   (m+v 8P/N)
 //   stage 2:  4 P + 12 P / N + 4 W   (grad shard 4P/N, lent grads)
 //   stage 3:       16 P / N + 8 W   (master 4P/N, lent params and grads)
+//   (bf16 models add their 2P weight copy at stages 0-2, 2W at stage 3.)
 // model_state_formula() computes them; the tests hold the allocator's
 // accounting to it.
 
@@ -105,6 +107,7 @@ public:
 
     // model::UnitStore (stages 2-3).
     const float* acquire_params(int u, int next) override;
+    const uint16_t* params_bf16(int u) override;
     void release_params(int u) override;
     float* acquire_grads(int u) override;
     void release_grads(int u) override;
@@ -124,6 +127,8 @@ private:
     // A lent unit buffer (stages 2-3).
     struct Slot {
         core::Tensor buf;            // f32, unit-sized
+        core::Tensor half;           // params of a bf16 model: buf rounded to bf16
+        bool half_valid = false;
         core::Tensor wire;           // bf16 copy for the wire (grads, bf16_wire)
         core::Tensor recv;           // the piece that comes back (grads)
         int unit = -1;               // what buf holds (or is being gathered)

@@ -69,12 +69,11 @@ void validate_layout(const core::Config& c) {
         }
     }
     parallel::DataParallel::check_stage(int(c.get_int("parallel.zero_stage")));
-    if (c.get_int("parallel.zero_stage") == 3 && c.get_string("train.precision") != "fp32") {
-        throw ConfigError(fmt::format(
-            "parallel.zero_stage = 3 with train.precision = '{}': sharded parameters need fp32 "
-            "in this build (the {} weight copy is made for the whole model at once); use stage 2 "
-            "or precision fp32",
-            c.get_string("train.precision"), c.get_string("train.precision")));
+    if (c.get_int("parallel.zero_stage") == 3 && c.get_string("train.precision") == "fp16") {
+        throw ConfigError(
+            "parallel.zero_stage = 3 with train.precision = 'fp16': sharded parameters take fp32 "
+            "or bf16 (the emulated fp16 weight copy is made for the whole model at once); use "
+            "stage 2 or bf16");
     }
     if (c.get_string("parallel.recompute") != "none") {
         throw ConfigError(fmt::format("parallel.recompute = '{}': activation recomputation is not "

@@ -181,6 +181,11 @@ TEST_F(Ddp, Bf16TwoRanksMatchOneRankWithinBf16Tolerance) {
     // fp32 summation order, amplified through bf16 rounding of the next
     // activations. 2e-3 relative is a quarter of bf16's 2^-8 resolution.
     expect_same_run("b1", "b2", 2e-3, 2e-2);
+    // ZeRO-3: each gathered unit is rounded to bf16 as the whole copy was.
+    const auto z = train("b2z3", 2, "--set train.precision=bf16 --set parallel.zero_stage=3");
+    ASSERT_EQ(z.exit_code, 0) << z.output;
+    expect_same_run("b1", "b2z3", 2e-3, 2e-2);
+    EXPECT_EQ(model_state("b2z3"), memory("b2z3")["model_state_formula_bytes"].get<int64_t>());
 }
 
 TEST_F(Ddp, Bf16GradientCommunicationTracksFp32Communication) {
@@ -249,9 +254,9 @@ TEST_F(Ddp, LayoutThatDoesNotDivideTheWorldIsRefusedOnEveryRank) {
     EXPECT_NE(z.exit_code, 0);
     EXPECT_NE(z.output.find("parallel.zero_stage = 4"), std::string::npos) << z.output;
     // A stage the layout cannot support: sharded parameters with a bf16 copy.
-    const auto b = train("badz3", 2, "--set parallel.zero_stage=3 --set train.precision=bf16");
+    const auto b = train("badz3", 2, "--set parallel.zero_stage=3 --set train.precision=fp16");
     EXPECT_NE(b.exit_code, 0);
-    EXPECT_NE(b.output.find("parallel.zero_stage = 3 with train.precision = 'bf16'"),
+    EXPECT_NE(b.output.find("parallel.zero_stage = 3 with train.precision = 'fp16'"),
               std::string::npos)
         << b.output;
     EXPECT_FALSE(fs::exists(dir_ / "badz3"));

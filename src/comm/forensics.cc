@@ -1,6 +1,7 @@
 #include "comm/forensics.h"
 
 #include <fmt/format.h>
+#include <time.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -11,6 +12,12 @@
 #include "comm/process_group.h"
 
 namespace apiary::comm {
+
+CoarseClock::time_point CoarseClock::now() noexcept {
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return time_point(duration(int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec));
+}
 
 namespace {
 

@@ -81,7 +81,7 @@ void Engine::enqueue(const std::shared_ptr<MpiWork>& w) {
         wake = worker_cold || !queue.empty();
         w->set_seq(seq++);
         queue.push_back(w);
-        last_call = std::chrono::steady_clock::now();
+        last_call = Clock::now();
     }
     if (wake) worker_cv.notify_one();
 }
@@ -113,7 +113,7 @@ void Engine::worker_loop() {
             // A waiting caller runs a call: no polling until it is done (a
             // woken thread on a loaded machine slows that very call).
             worker_cv.wait(lock);
-        } else if (std::chrono::steady_clock::now() - last_call < kWarm) {
+        } else if (Clock::now() - last_call < kWarm) {
             worker_cv.wait_for(lock, kPoll);
         } else {
             worker_cold = true;

@@ -64,7 +64,7 @@ struct Engine {
     bool stop = false;
     bool worker_cold = true;
     int waiters = 0;
-    std::chrono::steady_clock::time_point last_call{};
+    Clock::time_point last_call{};  // coarse: it only tells a warm worker from a cold one
     std::thread worker;
     uint64_t seq = 0;                  // guarded by mu
     std::atomic<uint64_t> p2p_seq{0};  // send/recv are numbered apart: peers differ

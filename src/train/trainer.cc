@@ -186,6 +186,9 @@ public:
 
     // Loads weights, optimizer state, loss scaler and step from a checkpoint.
     void load(const CheckpointRef& ck) {
+        // The data first: a changed tokenizer also changes the model's
+        // vocabulary, and should be named as what changed.
+        restore_data(ck);
         // The config may change the run's length or logging, not the model.
         const json have = spec_to_json(spec_), saved = ck.meta["model"];
         if (have != saved) {
@@ -202,7 +205,6 @@ public:
         std::copy_n(m.data() + lo, n, adam_->m());
         std::copy_n(v.data() + lo, n, adam_->v());
         if (ck.meta.contains("loss_scaler")) scaler_.restore(ck.meta["loss_scaler"]);
-        restore_data(ck);
         start_step_ = ck.step;
         if (start_step_ >= steps_) {
             throw ConfigError(fmt::format("{}: the run already reached step {} of train.steps = {}; "

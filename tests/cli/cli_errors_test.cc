@@ -152,6 +152,14 @@ TEST_F(CliErrors, ResumeWithAnotherModelShapeIsRefused) {
                  "resume without changing model.*");
 }
 
+TEST_F(CliErrors, ResumeWithAnotherTokenizerIsRefused) {
+    ASSERT_EQ(train("").exit_code, 0);
+    expect_error(run_command(apiary_bin() + " train --resume " + (dir_ / "run").string() +
+                             " --set train.steps=4 --set data.bpe_vocab_size=300"),
+                 "the run was trained with tokenizer");
+    EXPECT_FALSE(fs::exists(dir_ / "run" / "ckpt" / "step_00000004"));
+}
+
 TEST_F(CliErrors, CorpusThatIsADirectory) {
     expect_error(train("--set data.corpus=" + dir_.string()), "is a directory");
 }

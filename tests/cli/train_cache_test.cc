@@ -88,3 +88,20 @@ TEST_F(TrainCache, ChangedSettingsMakeNewEntries) {
     EXPECT_EQ(entries("bpe-"), 3u);
     EXPECT_EQ(entries("shards-"), 4u);
 }
+
+TEST_F(TrainCache, AGivenTokenizerIsUsedNotTrained) {
+    const std::string tok = (dir_ / "given.json").string();
+    ASSERT_EQ(run_command(apiary_bin() + " tokenizer train --input " +
+                          (dir_ / "corpus.txt").string() + " --vocab-size 300 --out " + tok)
+                  .exit_code,
+              0);
+    const auto r = train("given", "--set data.tokenizer_file=" + tok);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(r.output.find("training a byte-level BPE"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("tokenized as " + tok), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("V=300"), std::string::npos) << r.output;
+    EXPECT_EQ(entries("bpe-"), 0u);
+    std::ifstream a(tok), b(dir_ / "given" / "tokenizer.json");
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(a), {}),
+              std::string(std::istreambuf_iterator<char>(b), {}));
+}

@@ -7,7 +7,7 @@ namespace apiary::train {
 
 void add_keys(core::Schema& s) {
     comm::add_keys(s);  // the trainer reads comm.* (bucket size, timeouts)
-    s.add_int("train.steps", 1600, "optimizer steps to run", 1, 1e12);
+    s.add_int("train.steps", 1400, "optimizer steps to run", 1, 1e12);
     s.add_real("train.lr", 2e-3, "peak learning rate", 0.0, 10.0);
     s.add_real("train.min_lr", 2e-4, "learning rate at the end of the cosine decay", 0.0, 10.0);
     s.add_int("train.warmup_steps", 100, "steps of linear warmup from 0 to train.lr", 0, 1e12);

@@ -19,7 +19,7 @@
 namespace apiary::train {
 
 class LrSchedule {
-public:
+  public:
     // tokens_of(s): tokens that step s consumes over all ranks; it may vary
     // for s < varying_steps (the curriculum) and is constant from there on.
     LrSchedule(int64_t steps, int64_t warmup_steps, double peak, double min_lr, bool by_tokens,
@@ -29,7 +29,7 @@ public:
     // Tokens consumed by steps [0, step).
     int64_t tokens_before(int64_t step) const;
 
-private:
+  private:
     int64_t steps_, warmup_;
     double peak_, min_;
     bool by_tokens_;

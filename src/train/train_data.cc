@@ -74,28 +74,31 @@ Corpus locate_corpus(const core::Config& c, const fs::path& cache) {
         return k;
     }
     if (fs::is_directory(spec)) {
-        throw DataError(fmt::format("data.corpus: '{}' is a directory; give a text file (or "
-                                    "'kjv'), or set data.sources to directories made by `apiary "
-                                    "data prepare`",
-                                    spec));
+        throw DataError(
+            fmt::format("data.corpus: '{}' is a directory; give a text file (or "
+                        "'kjv'), or set data.sources to directories made by `apiary "
+                        "data prepare`",
+                        spec));
     }
     if (!fs::is_regular_file(spec) || ::access(spec.c_str(), R_OK) != 0) {
-        throw DataError(fmt::format("data.corpus: cannot open '{}' (no such file, or not "
-                                    "readable)",
-                                    spec));
+        throw DataError(
+            fmt::format("data.corpus: cannot open '{}' (no such file, or not "
+                        "readable)",
+                        spec));
     }
     return {spec, data::hex64(data::xxhash64_file(spec)), uint64_t(fs::file_size(spec)), spec};
 }
 
-TokenizerChoice choose_tokenizer(const core::Config& c, const Corpus& corpus,
-                                 const fs::path& cache, bool verbose) {
+TokenizerChoice choose_tokenizer(const core::Config& c, const Corpus& corpus, const fs::path& cache,
+                                 bool verbose) {
     const std::string kind = c.get_string("data.tokenizer");
     const std::string file = c.get_string("data.tokenizer_file");
     if (kind == "byte") {
         if (!file.empty()) {
-            throw ConfigError(fmt::format("data.tokenizer = 'byte' but data.tokenizer_file = "
-                                          "'{}' is set; set data.tokenizer = 'bpe' to use it",
-                                          file));
+            throw ConfigError(
+                fmt::format("data.tokenizer = 'byte' but data.tokenizer_file = "
+                            "'{}' is set; set data.tokenizer = 'bpe' to use it",
+                            file));
         }
         // No merges: the ids are the 256 bytes themselves, then <|endoftext|>.
         data::Tokenizer tok = data::BpeTrainer({.vocab_size = 257}).train();
@@ -127,18 +130,20 @@ TokenizerChoice choose_tokenizer(const core::Config& c, const Corpus& corpus,
 }
 
 // The prepared shards of corpus under tokenizer, built unless cached.
-std::string prepare_corpus(const core::Config& c, const Corpus& corpus,
-                           const TokenizerChoice& tok, const fs::path& cache, bool verbose) {
+std::string prepare_corpus(const core::Config& c, const Corpus& corpus, const TokenizerChoice& tok,
+                           const fs::path& cache, bool verbose) {
     const double val_fraction = c.get_real("data.val_fraction");
     // Units are the grain of the validation split (docs/data.md): at most
     // 64 KiB, and small enough that a small corpus still holds out about
     // val_fraction of its text rather than one whole unit.
-    const size_t unit_bytes = size_t(std::clamp<double>(
-                                  double(corpus.bytes) * val_fraction / 4.0 / 1024.0, 1.0, 64.0)) *
-                              1024;
-    const json key = {{"version", kPrepareVersion},   {"corpus", corpus.hash},
+    const size_t unit_bytes =
+        size_t(std::clamp<double>(double(corpus.bytes) * val_fraction / 4.0 / 1024.0, 1.0, 64.0)) *
+        1024;
+    const json key = {{"version", kPrepareVersion},
+                      {"corpus", corpus.hash},
                       {"tokenizer", data::hex64(tok.tok.hash())},
-                      {"val_fraction", val_fraction}, {"unit_bytes", unit_bytes}};
+                      {"val_fraction", val_fraction},
+                      {"unit_bytes", unit_bytes}};
     const std::string dump = key.dump();
     const fs::path dir =
         cache / ("shards-" + data::hex64(data::xxhash64(dump.data(), dump.size())));
@@ -172,7 +177,8 @@ std::string prepare_corpus(const core::Config& c, const Corpus& corpus,
         // Another run finished the same entry first: the same bytes.
         fs::remove_all(tmp, ec);
         if (!fs::exists(dir / "manifest.json")) {
-            throw IoError(fmt::format("{}: cannot publish the prepared corpus there", dir.string()));
+            throw IoError(
+                fmt::format("{}: cannot publish the prepared corpus there", dir.string()));
         }
     }
     if (verbose) fmt::print("{:.1f} s -> {}\n", seconds_since(t0), dir.string());
@@ -230,9 +236,10 @@ TrainData resolve_train_data(const core::Config& c, bool verbose) {
     std::string corpus_name;
     if (!c.get_string("data.sources").empty()) {
         if (c.get_string("data.tokenizer") == "byte") {
-            throw ConfigError("data.tokenizer = 'byte' applies to data.corpus, but data.sources "
-                              "is set: shards carry their own tokenizer (name its file with "
-                              "data.tokenizer_file); unset one of them");
+            throw ConfigError(
+                "data.tokenizer = 'byte' applies to data.corpus, but data.sources "
+                "is set: shards carry their own tokenizer (name its file with "
+                "data.tokenizer_file); unset one of them");
         }
         d.sources = data::parse_sources(c.get_string("data.sources"));
         if (file_tok) d.tokenizer_json = data::read_file(tokenizer_file);
@@ -260,9 +267,10 @@ TrainData resolve_train_data(const core::Config& c, bool verbose) {
             d.tokenizer_hash = m.tokenizer_hash;
             d.vocab_size = int64_t(m.vocab_size);
         } else if (m.tokenizer_hash != d.tokenizer_hash) {
-            throw DataError(fmt::format("data.sources: '{}' was tokenized with tokenizer {} but "
-                                        "'{}' with {}; mix only shards of one tokenizer",
-                                        where, m.tokenizer_hash, d.manifest, d.tokenizer_hash));
+            throw DataError(
+                fmt::format("data.sources: '{}' was tokenized with tokenizer {} but "
+                            "'{}' with {}; mix only shards of one tokenizer",
+                            where, m.tokenizer_hash, d.manifest, d.tokenizer_hash));
         }
         if (file_tok && data::hex64(file_tok->hash()) != m.tokenizer_hash) {
             throw DataError(fmt::format(

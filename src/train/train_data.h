@@ -38,10 +38,10 @@ struct TrainData {
     // tokenizer.json text saved with the run for `apiary generate`; empty for
     // data.sources without data.tokenizer_file.
     std::string tokenizer_json;
-    int64_t vocab_size = 0;       // the tokenizer's (from the manifests)
-    std::string manifest;         // first source's manifest.json, for messages
-    double bytes_per_token = 0;   // text bytes per token over every source (0: unknown)
-    std::string description;      // one line for the banner
+    int64_t vocab_size = 0;      // the tokenizer's (from the manifests)
+    std::string manifest;        // first source's manifest.json, for messages
+    double bytes_per_token = 0;  // text bytes per token over every source (0: unknown)
+    std::string description;     // one line for the banner
 };
 
 // Checks the data.* keys, the manifests and the tokenizer, and for

@@ -15,7 +15,7 @@ namespace fs = std::filesystem;
 namespace {
 
 class Generate : public ::testing::Test {
-protected:
+  protected:
     static void SetUpTestSuite() {
         dir_ = fs::temp_directory_path() / ("apiary_generate_" + std::to_string(::getpid()));
         fs::remove_all(dir_);
@@ -28,7 +28,8 @@ protected:
         std::ofstream(dir_ / "other.txt") << "Quick brown foxes jump over lazy dogs.\n";
         for (const char* name : {"corpus", "other"}) {
             run_command(apiary_bin() + " tokenizer train --input " +
-                        (dir_ / (std::string(name) + ".txt")).string() + " --vocab-size 300 --out " +
+                        (dir_ / (std::string(name) + ".txt")).string() +
+                        " --vocab-size 300 --out " +
                         (dir_ / (std::string(name) + ".json")).string());
         }
         run_command(apiary_bin() + " data prepare --input " + (dir_ / "corpus.txt").string() +
@@ -55,8 +56,9 @@ fs::path Generate::dir_;
 }  // namespace
 
 TEST_F(Generate, BpeRunDecodesWithItsTokenizer) {
-    const auto t = train("bpe", "--set data.sources=" + (dir_ / "shards").string() +
-                                    " --set data.tokenizer_file=" + (dir_ / "corpus.json").string());
+    const auto t =
+        train("bpe", "--set data.sources=" + (dir_ / "shards").string() +
+                         " --set data.tokenizer_file=" + (dir_ / "corpus.json").string());
     ASSERT_EQ(t.exit_code, 0) << t.output;
     EXPECT_TRUE(fs::exists(dir_ / "bpe" / "tokenizer.json"));
     const auto g = generate("bpe");

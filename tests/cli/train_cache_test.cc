@@ -15,7 +15,7 @@ namespace fs = std::filesystem;
 namespace {
 
 class TrainCache : public ::testing::Test {
-protected:
+  protected:
     void SetUp() override {
         dir_ = fs::temp_directory_path() /
                ("apiary_cache_" + std::to_string(::getpid()) + "_" +
@@ -28,10 +28,10 @@ protected:
     void TearDown() override { fs::remove_all(dir_); }
 
     CommandResult train(const std::string& run, const std::string& extra = "") {
-        return run_command(apiary_bin() + " train --overwrite --set run.dir=" +
-                           (dir_ / run).string() + " --set data.corpus=" +
-                           (dir_ / "corpus.txt").string() + " --set data.cache_dir=" +
-                           (dir_ / "cache").string() +
+        return run_command(apiary_bin() +
+                           " train --overwrite --set run.dir=" + (dir_ / run).string() +
+                           " --set data.corpus=" + (dir_ / "corpus.txt").string() +
+                           " --set data.cache_dir=" + (dir_ / "cache").string() +
                            " --set train.steps=2 --set train.batch_size=2 --set train.seq_len=16 "
                            "--set model.n_layer=1 --set train.eval_batches=1 " +
                            extra);
@@ -60,9 +60,9 @@ TEST_F(TrainCache, SecondRunFindsTheTokenizerAndShards) {
     EXPECT_EQ(entries("bpe-"), 1u);
     EXPECT_EQ(entries("shards-"), 1u);
     // No temporary entry is left behind.
-    EXPECT_EQ(entries("shards-") + entries("bpe-"), size_t(std::distance(
-                                                         fs::directory_iterator(dir_ / "cache"),
-                                                         fs::directory_iterator())));
+    EXPECT_EQ(
+        entries("shards-") + entries("bpe-"),
+        size_t(std::distance(fs::directory_iterator(dir_ / "cache"), fs::directory_iterator())));
     // Both runs trained on the same tokens with the same tokenizer.
     std::ifstream ta(dir_ / "a" / "tokenizer.json"), tb(dir_ / "b" / "tokenizer.json");
     EXPECT_EQ(std::string(std::istreambuf_iterator<char>(ta), {}),

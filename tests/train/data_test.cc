@@ -23,7 +23,7 @@ using nlohmann::json;
 namespace {
 
 class TrainData : public ::testing::Test {
-protected:
+  protected:
     // Two prepared sources of one tokenizer, made once for the suite.
     static void SetUpTestSuite() {
         dir_ = fs::temp_directory_path() / ("apiary_traindata_" + std::to_string(::getpid()));
@@ -57,11 +57,10 @@ protected:
 
     core::Config make(const std::string& name, const std::vector<std::string>& extra) {
         core::Config c(schema_);
-        for (const char* kv :
-             {"model.n_layer=1", "model.n_embd=64", "model.n_head=2", "train.steps=8",
-              "train.batch_size=2", "train.seq_len=32", "train.grad_accum=2",
-              "train.warmup_steps=3", "train.ckpt_every=4", "train.eval_every=4",
-              "train.eval_batches=2", "train.log_every=1"}) {
+        for (const char* kv : {"model.n_layer=1", "model.n_embd=64", "model.n_head=2",
+                               "train.steps=8", "train.batch_size=2", "train.seq_len=32",
+                               "train.grad_accum=2", "train.warmup_steps=3", "train.ckpt_every=4",
+                               "train.eval_every=4", "train.eval_batches=2", "train.log_every=1"}) {
             c.set(kv);
         }
         c.set("data.sources=" + (dir_ / "a").string() + ":0.7," + (dir_ / "b").string() + ":0.3");
@@ -140,8 +139,8 @@ TEST_F(TrainData, ResumeEqualsUninterruptedOnMixedSources) {
 
 TEST_F(TrainData, ResumeEqualsUninterruptedMidCurriculum) {
     // The curriculum runs over steps 0-5: the crash at step 4 falls inside it.
-    expect_resume_equals_uninterrupted(
-        "cur_tokens", {"data.curriculum_start=8", "data.curriculum_steps=6"});
+    expect_resume_equals_uninterrupted("cur_tokens",
+                                       {"data.curriculum_start=8", "data.curriculum_steps=6"});
     expect_resume_equals_uninterrupted(
         "cur_batch", {"data.curriculum_start=8", "data.curriculum_steps=6",
                       "data.curriculum_mode=batch", "train.lr_schedule_by=tokens"});
@@ -150,9 +149,8 @@ TEST_F(TrainData, ResumeEqualsUninterruptedMidCurriculum) {
 TEST_F(TrainData, CurriculumShapesTheSteps) {
     // tokens mode: T_t in {8, 16, 32} (divisors of 32), rows grow to match,
     // so every step trains on the same number of tokens.
-    train::run_training(make("shape_tokens", {"data.curriculum_start=8",
-                                              "data.curriculum_steps=6"}),
-                        false);
+    train::run_training(
+        make("shape_tokens", {"data.curriculum_start=8", "data.curriculum_steps=6"}), false);
     int64_t prev = 0;
     for (const auto& j : steps("shape_tokens")) {
         EXPECT_EQ(j["tokens"].get<int64_t>() - prev, 2 * 2 * 32) << j.dump();
@@ -160,10 +158,10 @@ TEST_F(TrainData, CurriculumShapesTheSteps) {
     }
     // batch mode: B rows of T_t = 8 + 24 t / 6, then 32; by tokens, warmup
     // (3 full steps = 384 tokens) stretches over the short early steps.
-    train::run_training(make("shape_batch", {"data.curriculum_start=8", "data.curriculum_steps=6",
-                                             "data.curriculum_mode=batch",
-                                             "train.lr_schedule_by=tokens"}),
-                        false);
+    train::run_training(
+        make("shape_batch", {"data.curriculum_start=8", "data.curriculum_steps=6",
+                             "data.curriculum_mode=batch", "train.lr_schedule_by=tokens"}),
+        false);
     const auto b = steps("shape_batch");
     ASSERT_EQ(b.size(), 8u);
     prev = 0;

@@ -2,7 +2,6 @@
 // trainer and planner read the same file.
 
 #include "cli/command.h"
-#include "data/keys.h"
 #include "plan/planner.h"
 #include "train/keys.h"
 
@@ -12,8 +11,7 @@ const core::Schema& full_schema() {
     static const core::Schema schema = [] {
         core::Schema s;
         core::add_shared_keys(s);
-        train::add_keys(s);  // train.*, data.corpus/tokenizer/val_fraction, run.*, comm.*
-        data::add_keys(s);   // the sharded pipeline's data.* keys
+        train::add_keys(s);  // train.*, data.* (with the loader's), run.*, comm.*
         plan::add_keys(s);
         return s;
     }();

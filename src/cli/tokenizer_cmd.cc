@@ -52,38 +52,19 @@ void add_source_options(CLI::App* cmd) {
 }
 
 void train() {
-    data::BpeTrainer trainer(
-        {.vocab_size = opt.vocab_size, .specials = {"<|endoftext|>"}, .num_threads = opt.threads});
     const auto t0 = std::chrono::steady_clock::now();
-    size_t bytes = 0;
     data::DocumentOptions dopt;
     dopt.jsonl_field = opt.jsonl_field;
-    // Small documents (JSONL lines) are batched into ~8 MB calls joined by
-    // <|endoftext|>, which the trainer cuts out, so words never run across
-    // documents and each call has enough text to use every core.
-    std::string batch;
-    for (const auto& path : opt.inputs) {
-        data::for_each_block(path, dopt, [&](std::string_view block) {
-            bytes += block.size();
-            batch.append(block);
-            batch.append("<|endoftext|>");
-            if (batch.size() >= (8u << 20)) {
-                trainer.add_text(batch);
-                batch.clear();
-            }
-        });
-    }
-    trainer.add_text(batch);
+    size_t bytes = 0, words = 0;
+    const data::Tokenizer tok = data::train_bpe_on_files(
+        opt.inputs,
+        {.vocab_size = opt.vocab_size, .specials = {"<|endoftext|>"}, .num_threads = opt.threads},
+        dopt, &bytes, &words);
     const auto t1 = std::chrono::steady_clock::now();
-    const data::Tokenizer tok = trainer.train();
-    const auto t2 = std::chrono::steady_clock::now();
     tok.save(opt.out);
-    fmt::print(
-        "trained {} tokens ({} merges) on {:.1f} MB, {} distinct words: count {:.2f}s, "
-        "merge {:.2f}s -> {}\n",
-        tok.vocab_size(), tok.merges().size(), bytes / 1e6, trainer.distinct_words(),
-        std::chrono::duration<double>(t1 - t0).count(),
-        std::chrono::duration<double>(t2 - t1).count(), opt.out);
+    fmt::print("trained {} tokens ({} merges) on {:.1f} MB, {} distinct words in {:.2f}s -> {}\n",
+               tok.vocab_size(), tok.merges().size(), bytes / 1e6, words,
+               std::chrono::duration<double>(t1 - t0).count(), opt.out);
 }
 
 void setup(CLI::App& app) {

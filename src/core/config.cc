@@ -356,7 +356,9 @@ void add_shared_keys(Schema& s) {
     s.add_int("model.n_kv_head", 0,
               "key/value heads for grouped-query attention, llama only (0: from the preset)", 0,
               4096);
-    s.add_int("model.vocab_size", 0, "vocabulary size V (0: from the preset, or the tokenizer's)",
+    s.add_int("model.vocab_size", 0,
+              "vocabulary size V (0: the tokenizer's when training, the preset's when planning; "
+              "training accepts V >= the tokenizer's, the extra rows unused)",
               0, 1 << 24);
     s.add_int("model.max_seq_len", 0, "longest sequence the model accepts (0: from the preset)",
               0, 1 << 22);

@@ -203,4 +203,28 @@ Tokenizer BpeTrainer::train() const {
     return Tokenizer(std::move(vocab), std::move(merges), std::move(specials));
 }
 
+Tokenizer train_bpe_on_files(const std::vector<std::string>& inputs,
+                             const BpeTrainOptions& options, const DocumentOptions& documents,
+                             size_t* bytes_read, size_t* distinct_words) {
+    BpeTrainer trainer(options);
+    size_t bytes = 0;
+    std::string batch;
+    const std::string separator = options.specials.empty() ? "" : options.specials.front();
+    for (const auto& path : inputs) {
+        for_each_block(path, documents, [&](std::string_view block) {
+            bytes += block.size();
+            batch.append(block);
+            batch.append(separator);
+            if (batch.size() >= (8u << 20)) {
+                trainer.add_text(batch);
+                batch.clear();
+            }
+        });
+    }
+    trainer.add_text(batch);
+    if (bytes_read) *bytes_read = bytes;
+    if (distinct_words) *distinct_words = trainer.distinct_words();
+    return trainer.train();
+}
+
 }  // namespace apiary::data

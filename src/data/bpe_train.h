@@ -23,6 +23,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "data/documents.h"
 #include "data/tokenizer.h"
 
 namespace apiary::data {
@@ -49,5 +50,15 @@ class BpeTrainer {
     BpeTrainOptions options_;
     std::unordered_map<std::string, uint64_t> words_;
 };
+
+// Trains on whole files (text, JSONL, zstd: data/documents.h), as `apiary
+// tokenizer train` and the trainer's built-in corpus preparation do. Blocks
+// are batched into ~8 MB calls joined by <|endoftext|>, which add_text cuts
+// out, so words never run across documents and each call has enough text to
+// use every core. bytes_read (optional) receives the input size.
+Tokenizer train_bpe_on_files(const std::vector<std::string>& inputs,
+                             const BpeTrainOptions& options,
+                             const DocumentOptions& documents = {},
+                             size_t* bytes_read = nullptr, size_t* distinct_words = nullptr);
 
 }  // namespace apiary::data

@@ -15,15 +15,15 @@ void add_keys(core::Schema& s) {
     s.add_string("data.tokenizer_file", "",
                  "tokenizer.json of the shards; when set, every manifest's tokenizer hash must "
                  "match it");
-    s.add_int("data.seed", 1234, "seed of the global shuffle (with the epoch)", 0);
+    s.add_int("data.seed", 1234, "seed of the training data order (the global shuffle, with the epoch)", 0);
     s.add_bool("data.shuffle", true, "shuffle training windows (validation is never shuffled)");
     s.add_int("data.prefetch", 4, "batches the loader thread prepares ahead (0: no thread)", 0,
               1024);
     s.add_bool("data.verify", true,
                "check each shard's checksum and token range before its first use");
     s.add_string("data.cache_dir", ".cache/apiary-shards",
-                 "local cache for http(s):// and s3:// sources (least recently used files go "
-                 "first)");
+                 "local cache: http(s):// and s3:// shards (least recently used files go "
+                 "first) and, in subdirectories, data.corpus prepared for apiary train");
     s.add_int("data.cache_mb", 10240, "size bound of data.cache_dir in MiB", 1);
     // Credentials are deliberately not keys: they come from AWS_ACCESS_KEY_ID and
     // AWS_SECRET_ACCESS_KEY only, so no config file ever holds them.

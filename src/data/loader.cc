@@ -256,6 +256,35 @@ std::pair<int64_t, int64_t> Loader::next_batch(int32_t* tokens) {
     return {b.B, b.T};
 }
 
+std::vector<double> Loader::unigram(uint64_t max_tokens_per_source) const {
+    const uint64_t V = sources_.front().manifest.vocab_size;
+    std::vector<double> p(V, 0.0);
+    double total_weight = 0;
+    for (const auto& s : opt_.sources) total_weight += s.weight;
+    std::vector<int32_t> buf(1 << 16);
+    for (size_t s = 0; s < sources_.size(); ++s) {
+        std::vector<uint64_t> count(V, 0);
+        uint64_t n = 0;
+        for (const auto& shard : sources_[s].shards) {
+            for (uint64_t at = 0; at < shard.num_tokens() && n < max_tokens_per_source;) {
+                const uint64_t k = std::min<uint64_t>(
+                    {buf.size(), shard.num_tokens() - at, max_tokens_per_source - n});
+                shard.copy_tokens(at, k, buf.data());
+                for (uint64_t i = 0; i < k; ++i) {
+                    // Unverified shards may hold ids past the vocabulary; the
+                    // loader refuses them when it reaches them.
+                    if (uint64_t(buf[i]) < V) count[size_t(buf[i])] += 1;
+                }
+                at += k;
+                n += k;
+            }
+        }
+        const double w = opt_.sources[s].weight / total_weight / double(std::max<uint64_t>(1, n));
+        for (uint64_t v = 0; v < V; ++v) p[v] += w * double(count[v]);
+    }
+    return p;
+}
+
 nlohmann::json Loader::fingerprint() const {
     nlohmann::json sources = nlohmann::json::array();
     for (size_t s = 0; s < sources_.size(); ++s) {

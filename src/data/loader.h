@@ -112,6 +112,12 @@ class Loader {
     void restore(const nlohmann::json& state);
 
     size_t num_sources() const { return sources_.size(); }
+    const Manifest& manifest(size_t s) const { return sources_[s].manifest; }
+    // The unigram distribution (V probabilities, V = the manifests' vocab
+    // size) of the stream: each source's token frequencies over its first
+    // max_tokens tokens in shard order, mixed by the source weights. The
+    // trainer's baseline: the loss of the best model that ignores context.
+    std::vector<double> unigram(uint64_t max_tokens_per_source) const;
     uint64_t samples_in_source(size_t s) const { return sources_[s].windows; }
     // Which source each window of the last returned batch came from.
     const std::vector<uint32_t>& last_batch_sources() const { return last_sources_; }

@@ -24,7 +24,9 @@ void add_to(float* y, const float* x, int64_t n) { k::add_inplace(y, x, n); }
 }  // namespace
 
 void Transformer::forward_body(const int32_t* tokens, int64_t B, int64_t T) {
-    APIARY_CHECK(B >= 1 && B <= max_B_ && T >= 1 && T <= max_T_,
+    // Activations are sized by tokens (max_B * max_T): a curriculum may trade
+    // rows for length, e.g. (4B, T/4), within that.
+    APIARY_CHECK(B >= 1 && T >= 1 && T <= max_T_ && B * T <= max_B_ * max_T_,
                  "micro-batch (B={}, T={}) exceeds the allocated (B={}, T={})", B, T, max_B_,
                  max_T_);
     const int64_t C = spec_.n_embd, V = spec_.vocab_size;

@@ -1,12 +1,13 @@
 #include "train/keys.h"
 
 #include "comm/config.h"
+#include "data/keys.h"
 
 namespace apiary::train {
 
 void add_keys(core::Schema& s) {
     comm::add_keys(s);  // the trainer reads comm.* (bucket size, timeouts)
-    s.add_int("train.steps", 1600, "optimizer steps to run", 1, 1e12);
+    s.add_int("train.steps", 1400, "optimizer steps to run", 1, 1e12);
     s.add_real("train.lr", 2e-3, "peak learning rate", 0.0, 10.0);
     s.add_real("train.min_lr", 2e-4, "learning rate at the end of the cosine decay", 0.0, 10.0);
     s.add_int("train.warmup_steps", 100, "steps of linear warmup from 0 to train.lr", 0, 1e12);
@@ -16,9 +17,15 @@ void add_keys(core::Schema& s) {
     s.add_real("train.beta1", 0.9, "AdamW first-moment decay", 0.0, 0.999999);
     s.add_real("train.beta2", 0.95, "AdamW second-moment decay", 0.0, 0.999999999);
     s.add_real("train.eps", 1e-8, "AdamW epsilon", 0.0, 1.0);
+    s.add_string("train.lr_schedule_by", "steps",
+                 "clock of the warmup and cosine decay: 'steps', or 'tokens' consumed (they "
+                 "differ when a curriculum in batch mode varies the tokens per step; warmup then "
+                 "lasts train.warmup_steps full-batch steps' worth of tokens)",
+                 {"steps", "tokens"});
     s.add_real("train.grad_clip", 1.0, "clip the global gradient L2 norm to this (0: off)", 0.0,
                1e9);
-    s.add_int("train.seed", 1337, "seed of initialisation and data order", 0, 9.2e18);
+    s.add_int("train.seed", 1337, "seed of initialisation (the data order has data.seed)", 0,
+              9.2e18);
     s.add_int("train.eval_every", 200, "steps between evaluations on the held-out split (0: only "
               "at the end)", 0, 1e12);
     s.add_int("train.eval_batches", 16, "micro-batches per evaluation", 1, 1e9);
@@ -39,12 +46,23 @@ void add_keys(core::Schema& s) {
                  "non-finite, to exercise the overflow path");
 
     s.add_string("data.corpus", "kjv",
-                 "training text: 'kjv' (the King James Bible from Debian's bible-kjv-text, "
-                 "dumped by its `bible` command) or the path of a UTF-8 text file");
-    s.add_string("data.tokenizer", "byte", "tokenizer: 'byte' (256 byte values)", {"byte"});
+                 "training text when data.sources is empty: 'kjv' (the King James Bible from "
+                 "Debian's bible-kjv-text, dumped by its `bible` command) or the path of a text "
+                 "file; tokenized by data.tokenizer and prepared into shards in data.cache_dir");
+    s.add_string("data.tokenizer", "bpe",
+                 "tokenizer of data.corpus: 'bpe' (data.tokenizer_file if set, else a byte-level "
+                 "BPE of data.bpe_vocab_size tokens trained on the corpus) or 'byte' (the 256 "
+                 "bytes and <|endoftext|>)",
+                 {"bpe", "byte"});
+    s.add_int("data.bpe_vocab_size", 2048,
+              "tokens of the BPE trained on data.corpus (256 bytes + merges + <|endoftext|>); "
+              "the model's vocabulary follows unless model.vocab_size is set",
+              257, 1 << 20);
     s.add_real("data.val_fraction", 0.05,
-               "fraction of the corpus held out for evaluation (every k-th 64 KiB block)", 0.001,
-               0.5);
+               "fraction of data.corpus held out for evaluation (units of at most 64 KiB, spread "
+               "over the text)",
+               0.001, 0.5);
+    data::add_keys(s);  // the loader's data.* (sources, shuffle, curriculum, ...)
 
     s.add_string("run.dir", "runs/default",
                  "run directory: config.toml, metrics.jsonl, ckpt/ (must be new or empty unless "

@@ -25,8 +25,11 @@
 #include "optim/loss_scaler.h"
 #include "comm/mesh.h"
 #include "parallel/data_parallel.h"
+#include "data/file_io.h"
+#include "data/loader.h"
 #include "train/checkpoint.h"
-#include "train/corpus.h"
+#include "train/schedule.h"
+#include "train/train_data.h"
 
 namespace apiary::train {
 
@@ -37,8 +40,6 @@ using Clock = std::chrono::steady_clock;
 std::atomic<bool> g_stop_requested{false};
 
 namespace {
-
-constexpr int kByteVocab = 256;
 
 double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -84,24 +85,10 @@ void validate_layout(const core::Config& c) {
         throw ConfigError("parallel.sequence_parallel = true needs tensor parallelism "
                           "(parallel.tp > 1), which this build's trainer does not have");
     }
-    // Keys the trainer would otherwise silently ignore: the sharded loader's
-    // (apiary data) are not wired into apiary train yet.
-    // (A resumed run's config.toml sets every key, so the test is on values.)
-    const auto* schema = &c.schema();
-    auto used = [&](const char* key) {
-        const core::KeySpec* k = schema->find(key);
-        if (!k) return false;  // schemas without the data layer's keys
-        return k->type == core::ValueType::string ? !c.get_string(key).empty()
-                                                  : c.get_int(key) != 0;
-    };
-    for (const char* key : {"data.sources", "data.tokenizer_file", "data.curriculum_start",
-                            "data.curriculum_steps"}) {
-        if (used(key)) {
-            throw ConfigError(fmt::format(
-                "{} is set, but apiary train in this build reads data.corpus as bytes; the "
-                "sharded loader is used by `apiary data` and `apiary bench loader` only",
-                key));
-        }
+    if (c.get_int("data.curriculum_start") > 0 && c.get_int("data.curriculum_steps") == 0) {
+        throw ConfigError(fmt::format("data.curriculum_start = {} needs data.curriculum_steps > 0 "
+                                      "(the steps over which it grows to train.seq_len)",
+                                      c.get_int("data.curriculum_start")));
     }
     if (c.get_real("train.min_lr") > c.get_real("train.lr")) {
         throw ConfigError(fmt::format("train.min_lr = {} exceeds train.lr = {}",
@@ -148,9 +135,10 @@ private:
 class Trainer {
 public:
     // dp_group: the data-parallel group when launched with several ranks.
-    Trainer(const core::Config& c, comm::ProcessGroup* dp_group)
+    Trainer(const core::Config& c, const TrainData& data, comm::ProcessGroup* dp_group)
         : c_(c),
-          spec_(resolve_spec(c)),
+          data_(data),
+          spec_(resolve_spec(c, data)),
           B_(c.get_int("train.batch_size")),
           T_(c.get_int("train.seq_len")),
           accum_(c.get_int("train.grad_accum")),
@@ -162,7 +150,17 @@ public:
                                   "debug.inject_overflow_steps")),
           dp_size_(dp_group ? dp_group->size() : 1),
           dp_rank_(dp_group ? dp_group->rank() : 0),
-          corpus_(c.get_string("data.corpus"), c.get_real("data.val_fraction"), T_ + 1),
+          train_data_(make_loader(c, data, dp_group, "train")),
+          val_data_(make_loader(c, data, dp_group, "val")),
+          val_start_(val_data_->state()),
+          schedule_(steps_, c.get_int("train.warmup_steps"), c.get_real("train.lr"),
+                    c.get_real("train.min_lr"), c.get_string("train.lr_schedule_by") == "tokens",
+                    c.get_int("data.curriculum_start") > 0 ? c.get_int("data.curriculum_steps")
+                                                           : 0,
+                    [&](int64_t step) {
+                        const auto [b, t] = train_data_->shape_at(step);
+                        return b * t * dp_size_;
+                    }),
           zero_stage_(dp_group ? int(c.get_int("parallel.zero_stage")) : 0),
           model_(spec_, B_, T_, precision_, parallel::DataParallel::shard_multiple(dp_size_),
                  parallel::DataParallel::storage_for(zero_stage_)),
@@ -202,6 +200,9 @@ public:
 
     // Loads weights, optimizer state, loss scaler and step from a checkpoint.
     void load(const CheckpointRef& ck) {
+        // The data first: a changed tokenizer also changes the model's
+        // vocabulary, and should be named as what changed.
+        restore_data(ck);
         // The config may change the run's length or logging, not the model.
         const json have = spec_to_json(spec_), saved = ck.meta["model"];
         if (have != saved) {
@@ -240,14 +241,19 @@ public:
     TrainSummary run(bool append_metrics);
 
 private:
-    static core::ModelSpec resolve_spec(const core::Config& c) {
+    static core::ModelSpec resolve_spec(const core::Config& c, const TrainData& data) {
         validate_layout(c);
         core::ModelSpec spec = core::model_spec_from(c);
-        if (c.get_int("model.vocab_size") == 0) spec.vocab_size = kByteVocab;
-        if (spec.vocab_size < kByteVocab) {
-            throw ConfigError(fmt::format("model.vocab_size = {} is smaller than the byte "
-                                          "tokenizer's 256 ids",
-                                          spec.vocab_size));
+        // The vocabulary is the tokenizer's; a larger model.vocab_size pads
+        // it (rows no token uses), a smaller one cannot hold its ids.
+        const int64_t V = c.get_int("model.vocab_size");
+        if (V == 0) {
+            spec.vocab_size = int(data.vocab_size);
+        } else if (V < data.vocab_size) {
+            throw ConfigError(fmt::format("{}: the shards' tokenizer has {} tokens, more than "
+                                          "model.vocab_size = {}; raise it, or set it to 0 to "
+                                          "take the tokenizer's",
+                                          data.manifest, data.vocab_size, V));
         }
         const int64_t T = c.get_int("train.seq_len");
         if (T > spec.max_seq_len) {
@@ -258,15 +264,50 @@ private:
         core::set_num_threads(int(c.get_int("train.threads")));
         return spec;
     }
+    static std::unique_ptr<data::Loader> make_loader(const core::Config& c, const TrainData& d,
+                                                     comm::ProcessGroup* dp,
+                                                     const std::string& split) {
+        auto o = data::LoaderOptions::from_config(c, dp ? dp->rank() : 0, dp ? dp->size() : 1,
+                                                  split);
+        o.sources = d.sources;
+        o.tokenizer_hash = d.tokenizer_hash;
+        if (split == "train") {
+            // One loader step is one optimizer step: B * grad_accum windows
+            // per rank, which the micro-steps take B at a time. The global
+            // batch is then the same windows for any dp size with the same
+            // dp * B * grad_accum, and the curriculum counts optimizer steps.
+            o.batch_size *= c.get_int("train.grad_accum");
+        } else {
+            o.prefetch = 0;  // read on demand, from the start at every evaluation
+        }
+        return std::make_unique<data::Loader>(o);
+    }
     static std::vector<optim::ParamRange> ranges(const model::Transformer& m) {
         std::vector<optim::ParamRange> r;
         for (const auto& e : m.registry().entries()) r.push_back({e.offset, e.numel(), e.decay});
         return r;
     }
     double evaluate();
+    // Entropy (nats) of the training stream's unigram distribution: the
+    // loss of the best model that ignores context (from up to 16M tokens
+    // per source).
+    double unigram_entropy() const {
+        double h = 0;
+        for (double p : train_data_->unigram(uint64_t(16) << 20)) {
+            if (p > 0) h -= p * std::log(p);
+        }
+        return h;
+    }
+    void restore_data(const CheckpointRef& ck);
+    // Rows [first, first + n) of a loader batch as inputs and targets (n, T).
+    void unpack(const data::Batch& b, int64_t first, int64_t n) {
+        for (int64_t i = 0; i < n; ++i) {
+            const int32_t* row = b.row(first + i);
+            std::copy_n(row, b.T, tokens_.data() + i * b.T);
+            std::copy_n(row + 1, b.T, targets_.data() + i * b.T);
+        }
+    }
     bool main_rank() const { return dp_rank_ == 0; }
-    // Global sample index of this rank's first sample in a micro-batch.
-    int64_t sample_offset() const { return int64_t(dp_rank_) * B_; }
     std::string save(int64_t step) {
         // Collective under ZeRO (the optimizer shards are gathered); only
         // the first rank writes.
@@ -316,7 +357,10 @@ private:
         if (!rank_log_) throw IoError(fmt::format("{}: cannot open for writing", path));
     }
     json checkpoint_meta() const {
-        return {{"tokenizer", c_.get_string("data.tokenizer")},
+        return {{"tokenizer", data_.tokenizer_json.empty() ? "" : kTokenizerFile},
+                {"tokenizer_hash", data_.tokenizer_hash},
+                // Where the training stream continues (global, the same on every rank).
+                {"loader", train_data_->state()},
                 {"config_hash", fmt::format("{:016x}", c_.hash())},
                 {"precision", c_.get_string("train.precision")},
                 // Positions beyond the trained length were never trained:
@@ -326,6 +370,7 @@ private:
     }
 
     const core::Config& c_;
+    const TrainData& data_;
     core::ModelSpec spec_;
     int64_t B_, T_, accum_, steps_;
     uint64_t seed_;
@@ -333,7 +378,9 @@ private:
     model::Precision precision_;
     std::set<int64_t> inject_;
     int dp_size_, dp_rank_;
-    ByteCorpus corpus_;
+    std::unique_ptr<data::Loader> train_data_, val_data_;
+    nlohmann::json val_start_;  // every evaluation reads the same held-out windows
+    LrSchedule schedule_;
     int zero_stage_;  // 0 without data parallelism
     model::Transformer model_;
     optim::LossScaler scaler_;
@@ -347,10 +394,11 @@ private:
 double Trainer::evaluate() {
     double loss = 0;
     int64_t count = 0;
+    val_data_->restore(val_start_);
     for (int64_t i = 0; i < c_.get_int("train.eval_batches"); ++i) {
-        corpus_.batch(true, seed_, 0, i, B_ * dp_size_, sample_offset(), B_, T_, tokens_.data(),
-                      targets_.data());
-        const auto r = model_.evaluate(tokens_.data(), targets_.data(), B_, T_);
+        const data::Batch& b = val_data_->next_batch();
+        unpack(b, 0, b.B);
+        const auto r = model_.evaluate(tokens_.data(), targets_.data(), b.B, b.T);
         loss += r.loss_sum;
         count += r.count;
     }
@@ -361,6 +409,28 @@ double Trainer::evaluate() {
     return loss / double(std::max<int64_t>(1, count));
 }
 
+void Trainer::restore_data(const CheckpointRef& ck) {
+    const std::string where = ck.dir + "/meta.json";
+    if (!ck.meta.contains("loader")) {
+        throw ConfigError(fmt::format("{}: no loader state (a checkpoint from before apiary train "
+                                      "read token shards); it cannot continue with the same "
+                                      "batches: start a new run",
+                                      where));
+    }
+    const std::string hash = ck.meta.value("tokenizer_hash", "");
+    if (hash != data_.tokenizer_hash) {
+        throw ConfigError(fmt::format("{}: the run was trained with tokenizer {}, but the data.* "
+                                      "keys now give {} ({}); resume with the run's data settings",
+                                      where, hash, data_.tokenizer_hash, data_.manifest));
+    }
+    train_data_->restore(ck.meta["loader"]);
+    if (train_data_->step() != ck.step) {
+        throw IoError(fmt::format("{}: the loader state is at step {}, the checkpoint at step {} "
+                                  "(checkpoint damaged)",
+                                  where, train_data_->step(), ck.step));
+    }
+}
+
 TrainSummary Trainer::run(bool append_metrics) {
     open_rank_log(append_metrics);
     std::optional<MetricsLog> metrics;
@@ -368,14 +438,31 @@ TrainSummary Trainer::run(bool append_metrics) {
     const double peak = precision_ == model::Precision::bf16
                             ? kernels::measure_gemm_bf16_peak_flops(0.2)
                             : kernels::measure_gemm_peak_flops(0.2);
-    const double flops_per_token = spec_.train_flops_per_token(int(T_));
-    const int64_t tokens_per_step = B_ * T_ * accum_ * dp_size_;
+    const int64_t tokens_per_step = B_ * T_ * accum_ * dp_size_;  // at the full shape
     say("apiary train: {} model, {:.2f}M parameters, {} layers, C={}, V={}, {}\n",
                core::arch_name(spec_.arch), double(spec_.num_params()) / 1e6, spec_.n_layer,
                spec_.n_embd, spec_.vocab_size, c_.get_string("train.precision"));
-    say("  corpus {}: {:.2f} MB train, {:.2f} MB held out; unigram loss {:.3f} nats\n",
-               corpus_.source(), double(corpus_.train_size()) / 1e6,
-               double(corpus_.val_size()) / 1e6, corpus_.unigram_entropy());
+    // The unigram baseline is computed by the first rank only (it prints it).
+    const double unigram = main_rank() ? unigram_entropy() : 0.0;
+    uint64_t split_tokens[2] = {0, 0};
+    for (size_t s = 0; s < train_data_->num_sources(); ++s) {
+        for (const auto& sh : train_data_->manifest(s).shards) {
+            split_tokens[sh.split == "val"] += sh.tokens;
+        }
+    }
+    say("  data {}\n", data_.description);
+    say("  {:.2f}M train + {:.2f}M held-out tokens{}; unigram loss {:.3f} nats/token\n",
+        double(split_tokens[0]) / 1e6, double(split_tokens[1]) / 1e6,
+        data_.bytes_per_token > 0 ? fmt::format(" ({:.2f} bytes/token)", data_.bytes_per_token)
+                                  : "",
+        unigram);
+    if (c_.get_int("data.curriculum_start") > 0) {
+        const auto [b0, t0] = train_data_->shape_at(0);
+        say("  curriculum ({}): step 1 has micro-batches of {} rows x T={}, growing to T={} by "
+            "step {}; LR schedule by {}\n",
+            c_.get_string("data.curriculum_mode"), b0 / accum_, t0, T_,
+            c_.get_int("data.curriculum_steps") + 1, c_.get_string("train.lr_schedule_by"));
+    }
     say("  {} steps x {} tokens (B={} T={} accum={} dp={}{}), {} threads/rank, matmul peak "
         "{:.0f} GFLOP/s/rank\n",
         steps_, tokens_per_step, B_, T_, accum_, dp_size_,
@@ -386,16 +473,15 @@ TrainSummary Trainer::run(bool append_metrics) {
     std::fflush(stdout);
 
     TrainSummary summary;
-    summary.unigram_loss = corpus_.unigram_entropy();
-    const int64_t warmup = c_.get_int("train.warmup_steps");
-    const double lr_peak = c_.get_real("train.lr"), lr_min = c_.get_real("train.min_lr");
+    summary.unigram_loss = unigram;
+    const double lr_peak = c_.get_real("train.lr");
     const int64_t log_every = c_.get_int("train.log_every");
     const int64_t eval_every = c_.get_int("train.eval_every");
     const int64_t ckpt_every = c_.get_int("train.ckpt_every");
     const bool tty = ::isatty(STDOUT_FILENO);
     const auto t_start = Clock::now();
-    double window_loss = 0, window_time = 0;
-    int64_t window_steps = 0;
+    double window_loss = 0, window_time = 0, window_flops = 0;
+    int64_t window_steps = 0, window_tokens = 0;
     double last_eval = NAN;
     int64_t step = start_step_;
     // Under data parallelism the loop ends only on a stop every rank agreed
@@ -411,21 +497,27 @@ TrainSummary Trainer::run(bool append_metrics) {
         }
         double loss_sum = 0;
         int64_t count = 0;
+        // This rank's windows of the step, (rows, T + 1): B_t rows of T_t,
+        // which vary under a curriculum; the micro-steps take them in turn.
+        const data::Batch& batch = train_data_->next_batch();
+        APIARY_CHECK(batch.step == step && batch.B % accum_ == 0,
+                     "loader batch of step {} with {} rows at step {}, grad_accum {}", batch.step,
+                     batch.B, step, accum_);
+        const int64_t rows = batch.B / accum_, T = batch.T;
         // fp16: the loss (and so every gradient) is multiplied by the scale.
         const double scale = scaler_.scale();
         // Each rank's gradients are of its mean loss; the all-reduce averages
         // them over ranks: the gradient of the mean over the global batch.
-        const float grad_scale = float(scale / double(B_ * T_ * accum_));
+        const float grad_scale = float(scale / double(rows * T * accum_));
         for (int64_t micro = 0; micro < accum_; ++micro) {
             const bool last_micro = micro + 1 == accum_;
-            corpus_.batch(false, seed_, step, micro, B_ * dp_size_, sample_offset(), B_, T_,
-                          tokens_.data(), targets_.data());
+            unpack(batch, micro * rows, rows);
             // Testing hook: an overflowing loss scale on the last rank only;
             // the all-reduce carries it to every rank.
             const bool poison = last_micro && inject_.count(step + 1) && dp_rank_ == dp_size_ - 1;
             if (dp_) dp_->begin_micro_step(last_micro);
             const auto r = model_.forward_backward(
-                tokens_.data(), targets_.data(), B_, T_,
+                tokens_.data(), targets_.data(), rows, T,
                 poison ? std::numeric_limits<float>::infinity() : grad_scale);
             loss_sum += r.loss_sum;
             count += r.count;
@@ -445,7 +537,7 @@ TrainSummary Trainer::run(bool append_metrics) {
         // rank reaches the same overflow decision from the same norm.
         const double raw_norm = dp_ ? dp_->grad_norm(*adam_) : adam_->grad_norm(model_.grads());
         const bool overflow = !std::isfinite(raw_norm);
-        const double lr = optim::lr_schedule(step, steps_, warmup, lr_peak, lr_min);
+        const double lr = schedule_.at(step);
         const bool apply = scaler_.update(overflow, step + 1);
         if (apply) {
             adam_->step(dp_ ? dp_->optimizer_params() : model_.params(),
@@ -471,21 +563,23 @@ TrainSummary Trainer::run(bool append_metrics) {
         window_loss += loss;
         window_time += dt;
         window_steps += 1;
+        window_tokens += rows * T * accum_ * dp_size_;
+        window_flops += double(rows * T * accum_ * dp_size_) * spec_.train_flops_per_token(int(T));
         const bool last = step + 1 == steps_;
         if ((eval_every > 0 && (step + 1) % eval_every == 0) || last) {
             last_eval = evaluate();
             if (metrics) metrics->write({{"step", step + 1}, {"eval_loss", last_eval}});
         }
         if ((step + 1) % log_every == 0 || last) {
-            const double tps = double(tokens_per_step * window_steps) / window_time;
-            const double mfu = tps * flops_per_token / peak;  // over all ranks' peaks below
+            const double tps = double(window_tokens) / window_time;
+            const double mfu = window_flops / window_time / peak;  // over all ranks' peaks below
             const double eta = double(steps_ - step - 1) * window_time / double(window_steps);
             json rec = {{"step", step + 1}, {"loss", window_loss / double(window_steps)},
                         {"lr", lr}, {"grad_norm", raw_norm / scale},
                         {"step_time_s", window_time / double(window_steps)},
                         {"tokens_per_s", tps}, {"mfu", mfu / dp_size_},
                         {"world_size", dp_size_},
-                        {"tokens", (step + 1) * tokens_per_step},
+                        {"tokens", schedule_.tokens_before(step + 1)},
                         {"elapsed_s", seconds_since(t_start)}};
             if (scaler_.enabled()) {
                 rec["loss_scale"] = scaler_.scale();
@@ -493,6 +587,10 @@ TrainSummary Trainer::run(bool append_metrics) {
                 rec["overflows"] = scaler_.overflows();
             }
             if (dp_) rec["comm_exposed_s"] = dp_->exposed_seconds();
+            // Which tokens the step trained on (the first rank's windows):
+            // runs that must see the same data compare these.
+            rec["batch_xxh64"] = data::hex64(
+                data::xxhash64(batch.tokens.data(), batch.tokens.size() * sizeof(int32_t)));
             if (metrics) metrics->write(rec);
             if (dp_) {
                 note(fmt::format("rank {}: step {} took {:.3f} s, {:.3f} s waiting on gradient "
@@ -510,8 +608,8 @@ TrainSummary Trainer::run(bool append_metrics) {
             std::fflush(stdout);
             summary.final_train_loss = window_loss / double(window_steps);
             summary.tokens_per_s = tps;
-            window_loss = window_time = 0;
-            window_steps = 0;
+            window_loss = window_time = window_flops = 0;
+            window_steps = window_tokens = 0;
         }
         if (ckpt_every > 0 && (step + 1) % ckpt_every == 0 && !last) {
             save(step + 1);
@@ -544,10 +642,15 @@ TrainSummary Trainer::run(bool append_metrics) {
                          parallel::DataParallel::model_state_formula(model_, zero_stage_,
                                                                      dp_size_)}});
     }
-    say("done: {} steps in {}, val loss {:.4f} (unigram {:.4f}), peak memory {:.1f} MiB; "
-               "checkpoint {}\n",
-               step, format_duration(seconds_since(t_start)), last_eval, summary.unigram_loss,
-               double(mem.total_peak) / 1048576.0, summary.checkpoint_dir);
+    // Bits per byte compare runs of different tokenizers on the same text.
+    const std::string per_byte =
+        data_.bytes_per_token > 0
+            ? fmt::format(", {:.3f} bits/byte", last_eval / std::log(2.0) / data_.bytes_per_token)
+            : "";
+    say("done: {} steps in {}, val loss {:.4f} nats/token{} (unigram {:.4f}), peak memory "
+        "{:.1f} MiB; checkpoint {}\n",
+        step, format_duration(seconds_since(t_start)), last_eval, per_byte, summary.unigram_loss,
+        double(mem.total_peak) / 1048576.0, summary.checkpoint_dir);
     return summary;
 }
 
@@ -586,6 +689,25 @@ void barrier(comm::ProcessGroup* world) {
     if (world && world->size() > 1) world->barrier({"run_dir", 0})->wait();
 }
 
+// What every rank reads: the first rank builds whatever the cache lacks,
+// then the others find it there (or, without a shared file system, build
+// the same bytes themselves).
+TrainData shared_train_data(const core::Config& c, comm::ProcessGroup* world) {
+    const bool first = !world || world->rank() == 0;
+    TrainData d;
+    if (first) d = resolve_train_data(c, true);
+    barrier(world);
+    if (!first) d = resolve_train_data(c, false);
+    return d;
+}
+
+// The run's tokenizer.json, for `apiary generate` (none when unknown).
+void save_tokenizer(const std::string& run_dir, const TrainData& d) {
+    if (d.tokenizer_json.empty()) return;
+    ckpt::atomic_write((fs::path(run_dir) / kTokenizerFile).string(), d.tokenizer_json.data(),
+                       d.tokenizer_json.size());
+}
+
 }  // namespace
 
 TrainSummary run_training(const core::Config& c, bool overwrite, comm::ProcessGroup* world) {
@@ -594,9 +716,11 @@ TrainSummary run_training(const core::Config& c, bool overwrite, comm::ProcessGr
     std::unique_ptr<comm::DeviceMesh> mesh;
     comm::ProcessGroup* dp = data_parallel_group(c, world, mesh);
     check_run_dir(run_dir, overwrite);
-    // Builds model, corpus and optimizer: every error surfaces here, before
-    // anything in the run directory is touched.
-    Trainer trainer(c, dp);
+    // Resolves (and prepares) the data, builds loaders, model and optimizer:
+    // every error surfaces here, before anything in the run directory is
+    // touched.
+    const TrainData data = shared_train_data(c, world);
+    Trainer trainer(c, data, dp);
     trainer.init_fresh();
     barrier(world);  // every rank has validated before the first one writes
     if (!world || world->rank() == 0) {
@@ -605,6 +729,7 @@ TrainSummary run_training(const core::Config& c, bool overwrite, comm::ProcessGr
         const std::string text = c.to_toml();
         ckpt::atomic_write((fs::path(run_dir) / "config.toml").string(), text.data(),
                            text.size());
+        save_tokenizer(run_dir, data);
     }
     barrier(world);
     return trainer.run(false);
@@ -616,7 +741,8 @@ TrainSummary resume_training(const core::Config& c, comm::ProcessGroup* world) {
     std::unique_ptr<comm::DeviceMesh> mesh;
     comm::ProcessGroup* dp = data_parallel_group(c, world, mesh);
     const CheckpointRef ck = latest_checkpoint(run_dir);
-    Trainer trainer(c, dp);
+    const TrainData data = shared_train_data(c, world);
+    Trainer trainer(c, data, dp);
     trainer.load(ck);
     barrier(world);
     if (!world || world->rank() == 0) {
@@ -624,6 +750,7 @@ TrainSummary resume_training(const core::Config& c, comm::ProcessGroup* world) {
         const std::string text = c.to_toml();
         ckpt::atomic_write((fs::path(run_dir) / "config.toml").string(), text.data(),
                            text.size());
+        if (!fs::exists(fs::path(run_dir) / kTokenizerFile)) save_tokenizer(run_dir, data);
     }
     return trainer.run(true);
 }

@@ -25,6 +25,26 @@ protected:
     }
     void TearDown() override { fs::remove_all(dir_); }
 
+    // Shards of a small text under a BPE of `vocab` tokens (dir_/tok.json),
+    // made with the CLI as a user would.
+    fs::path make_shards(int vocab) {
+        {
+            std::ofstream out(dir_ / "corpus.txt");
+            for (int i = 0; i < 2000; ++i) out << "And the word " << i << " was with them.\n";
+        }
+        const std::string corpus = (dir_ / "corpus.txt").string();
+        const std::string tok = (dir_ / "tok.json").string();
+        EXPECT_EQ(run_command(apiary_bin() + " tokenizer train --input " + corpus +
+                              " --vocab-size " + std::to_string(vocab) + " --out " + tok)
+                      .exit_code,
+                  0);
+        EXPECT_EQ(run_command(apiary_bin() + " data prepare --input " + corpus + " --tokenizer " +
+                              tok + " --out " + (dir_ / "shards").string() + " --unit-kb 4")
+                      .exit_code,
+                  0);
+        return dir_ / "shards";
+    }
+
     // `apiary train` with a tiny, fast setup plus extra arguments.
     CommandResult train(const std::string& extra) {
         return run_command(apiary_bin() + " train --set run.dir=" + (dir_ / "run").string() +
@@ -132,6 +152,14 @@ TEST_F(CliErrors, ResumeWithAnotherModelShapeIsRefused) {
                  "resume without changing model.*");
 }
 
+TEST_F(CliErrors, ResumeWithAnotherTokenizerIsRefused) {
+    ASSERT_EQ(train("").exit_code, 0);
+    expect_error(run_command(apiary_bin() + " train --resume " + (dir_ / "run").string() +
+                             " --set train.steps=4 --set data.bpe_vocab_size=300"),
+                 "the run was trained with tokenizer");
+    EXPECT_FALSE(fs::exists(dir_ / "run" / "ckpt" / "step_00000004"));
+}
+
 TEST_F(CliErrors, CorpusThatIsADirectory) {
     expect_error(train("--set data.corpus=" + dir_.string()), "is a directory");
 }
@@ -160,8 +188,46 @@ TEST_F(CliErrors, InterruptSavesACheckpointAndExits130) {
         << resumed.output;
 }
 
-TEST_F(CliErrors, KeysTheTrainerWouldIgnoreAreRefused) {
-    expect_error(train("--set data.sources=shards:1.0"), "data.sources is set");
+TEST_F(CliErrors, SequenceParallelWithoutTensorParallelIsRefused) {
     expect_error(train("--set parallel.sequence_parallel=true"), "needs tensor parallelism");
+    EXPECT_FALSE(fs::exists(dir_ / "run"));
+}
+
+TEST_F(CliErrors, DataSourceWithoutManifest) {
+    fs::create_directories(dir_ / "shards");
+    expect_error(train("--set data.sources=" + (dir_ / "shards").string()),
+                 "data.sources: manifest '" + (dir_ / "shards" / "manifest.json").string() +
+                     "' not found");
+    EXPECT_FALSE(fs::exists(dir_ / "run"));
+}
+
+TEST_F(CliErrors, TokenizerThatDidNotMakeTheShards) {
+    const fs::path shards = make_shards(300);
+    const fs::path other = dir_ / "other.json";
+    ASSERT_EQ(run_command(apiary_bin() + " tokenizer train --input " +
+                          (dir_ / "corpus.txt").string() + " --vocab-size 280 --out " +
+                          other.string())
+                  .exit_code,
+              0);
+    const auto r = train("--set data.sources=" + shards.string() +
+                         " --set data.tokenizer_file=" + other.string());
+    expect_error(r, (shards / "manifest.json").string() + "' was tokenized with tokenizer");
+    expect_error(r, "data.tokenizer_file '" + other.string() + "' has hash");
+    EXPECT_FALSE(fs::exists(dir_ / "run"));
+}
+
+TEST_F(CliErrors, TokenizerLargerThanTheModel) {
+    const fs::path shards = make_shards(300);
+    const auto r = train("--set data.sources=" + shards.string() + " --set model.vocab_size=260");
+    expect_error(r, (shards / "manifest.json").string() +
+                        ": the shards' tokenizer has 300 tokens, more than model.vocab_size = 260");
+    EXPECT_FALSE(fs::exists(dir_ / "run"));
+}
+
+TEST_F(CliErrors, ByteTokenizerWithShardsIsRefused) {
+    const fs::path shards = make_shards(300);
+    expect_error(train("--set data.sources=" + shards.string() + " --set data.tokenizer=byte"),
+                 "data.tokenizer = 'byte' applies to data.corpus");
+    expect_error(train("--set data.curriculum_start=8"), "needs data.curriculum_steps > 0");
     EXPECT_FALSE(fs::exists(dir_ / "run"));
 }

@@ -297,5 +297,38 @@ TEST(Loader, ParsesSourceLists) {
     EXPECT_THROW(parse_sources("a:0"), ConfigError);
 }
 
+TEST(Loader, UnigramMixesTheSourcesByWeight) {
+    TempDir tmp("loader_unigram");
+    // Vocabulary of 4: source a is 0 0 0 1 repeated, source b 2 3 3 3.
+    auto source = [&](const std::string& name, std::vector<uint32_t> pattern) {
+        const std::string dir = tmp.path(name);
+        fs::create_directories(dir);
+        std::vector<uint32_t> tokens;
+        for (int i = 0; i < 64; ++i) tokens.insert(tokens.end(), pattern.begin(), pattern.end());
+        Manifest m;
+        m.dir = dir;
+        m.tokenizer_hash = kTokHash;
+        m.vocab_size = 4;
+        m.token_bytes = 2;
+        const uint64_t h = write_shard(dir + "/train_000000.bin", tokens, {0}, 2, 0xaa, 4);
+        m.shards.push_back({"train_000000.bin", "train", tokens.size(), 1,
+                            fs::file_size(dir + "/train_000000.bin"), hex64(h)});
+        m.save();
+        return dir;
+    };
+    const std::string a = source("a", {0, 0, 0, 1}), b = source("b", {2, 3, 3, 3});
+    Loader loader(options({{a, 0.75}, {b, 0.25}}, 2, 8));
+    const auto p = loader.unigram(1 << 20);
+    ASSERT_EQ(p.size(), 4u);
+    EXPECT_DOUBLE_EQ(p[0], 0.75 * 0.75);
+    EXPECT_DOUBLE_EQ(p[1], 0.75 * 0.25);
+    EXPECT_DOUBLE_EQ(p[2], 0.25 * 0.25);
+    EXPECT_DOUBLE_EQ(p[3], 0.25 * 0.75);
+    // Only the first tokens of each source when capped: a's first three are 0.
+    const auto q = loader.unigram(3);
+    EXPECT_DOUBLE_EQ(q[0], 0.75);
+    EXPECT_DOUBLE_EQ(q[2] + q[3], 0.25);
+}
+
 }  // namespace
 }  // namespace apiary::data

@@ -245,6 +245,44 @@ TEST_F(Ddp, ZeroThreeCheckpointResumesOnTwoRanksAtStageTwo) {
     EXPECT_LT(num / den, 1e-5);
 }
 
+TEST_F(Ddp, CurriculumMatchesOneRankAndResumesOnAnotherRankCount) {
+    // Sequence length 16 -> 64 over 12 steps, B rows each (batch mode), the
+    // LR on the token clock: the step shapes come from the loader on every
+    // rank alike. Four ranks checkpoint mid-curriculum, two finish it.
+    const std::string cur =
+        "--set data.curriculum_start=16 --set data.curriculum_steps=12 "
+        "--set data.curriculum_mode=batch --set train.lr_schedule_by=tokens";
+    ASSERT_EQ(train("c1", 1, cur).exit_code, 0);
+    const auto r = train("c2", 2, cur);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    expect_same_run("c1", "c2", 1e-5, 1e-5);
+    ASSERT_EQ(train("cm", 4, cur + " --set train.ckpt_every=10").exit_code, 0);
+    fs::remove_all(dir_ / "cm" / "ckpt" / "step_00000020");
+    std::ofstream(dir_ / "cm" / "ckpt" / "latest", std::ios::trunc) << "step_00000010";
+    const auto m = run_command(std::string(APIARY_MPIRUN) + " -n 2 " + apiary_bin() +
+                               " train --resume " + (dir_ / "cm").string() +
+                               " --set train.batch_size=2");
+    ASSERT_EQ(m.exit_code, 0) << m.output;
+    // The resumed steps 11-20 consumed the tokens of the one-rank run's.
+    std::vector<int64_t> t1, tm;
+    for (const auto& j : metrics("c1")) {
+        if (j.contains("loss")) t1.push_back(j["tokens"].get<int64_t>());
+    }
+    for (const auto& j : metrics("cm")) {
+        if (j.contains("loss") && j["step"].get<int>() > 10) tm.push_back(j["tokens"].get<int64_t>());
+    }
+    ASSERT_EQ(t1.size(), 20u);
+    EXPECT_EQ(std::vector<int64_t>(t1.begin() + 10, t1.end()),
+              std::vector<int64_t>(tm.end() - 10, tm.end()));
+    const auto p1 = params("c1"), pm = params("cm");
+    double num = 0, den = 0;
+    for (size_t i = 0; i < p1.size(); ++i) {
+        num = std::max(num, std::fabs(p1[i] - pm[i]));
+        den = std::max(den, std::fabs(p1[i]));
+    }
+    EXPECT_LT(num / den, 1e-5);
+}
+
 TEST_F(Ddp, LayoutThatDoesNotDivideTheWorldIsRefusedOnEveryRank) {
     const auto r = train("bad", 2, "--set parallel.dp=3");
     EXPECT_NE(r.exit_code, 0);

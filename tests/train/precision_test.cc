@@ -32,7 +32,8 @@ protected:
         for (const char* kv :
              {"model.n_layer=2", "model.n_embd=128", "model.n_head=4", "train.batch_size=8",
               "train.seq_len=64", "train.lr=2e-3", "train.warmup_steps=20", "train.eval_every=0",
-              "train.eval_batches=4", "train.log_every=10", "train.seed=11"}) {
+              "train.eval_batches=4", "train.log_every=10", "train.seed=11",
+              "data.tokenizer=byte"}) {
             c.set(kv);
         }
         c.set("train.steps=" + std::to_string(steps));

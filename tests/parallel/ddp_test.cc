@@ -144,10 +144,11 @@ TEST_F(Ddp, ZeroStagesOneToThreeMatchOneRank) {
 }
 
 TEST_F(Ddp, ModelStateMemoryFollowsTheZeroFormulas) {
-    // Sixteen narrow blocks and a short context, so that the parameters are
-    // mostly blocks and the two lent block buffers of stages 2-3 are small.
+    // Sixteen narrow blocks, a short context and byte tokens, so that the
+    // parameters are mostly blocks and the lent buffers of stages 2-3 small.
     const std::string shape =
         "--set model.n_layer=16 --set model.n_embd=96 --set model.max_seq_len=64 "
+        "--set data.tokenizer=byte "
         "--set train.steps=2 --set train.seq_len=32 ";
     for (int n : {2, 4}) {
         int64_t previous = 0, stage0 = 0;

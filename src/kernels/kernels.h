@@ -152,6 +152,19 @@ void linear_backward_bf16(float* dx, float* dweight, const uint16_t* dy, const u
 // dbias (OUT) += column sums of dy (N, OUT).
 void linear_bias_backward(float* dbias, const float* dy, int64_t N, int64_t OUT);
 double measure_gemm_bf16_peak_flops(double seconds = 0.3);
+// Causal attention as attention_forward/backward with q, k, v in bf16: block
+// products on bf16 pairs with fp32 accumulation; softmax statistics and
+// every gradient in fp32. Error against fp32 attention on the same bf16
+// inputs: the bf16 rounding of P, dS and dO (relative 2^-9 each).
+//   qkv (B, T, (NH + 2 KVH) HS) bf16; out (B, T, NH HS) bf16 (it feeds the
+//   output projection's bf16 matmul); lse (B, NH, T) fp32
+void attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, int64_t B, int64_t T,
+                            int64_t NH, int64_t KVH, int64_t HS);
+// dqkv (B, T, (NH + 2 KVH) HS) fp32 written; dout (B, T, NH HS) fp32; out and
+// lse as the forward left them.
+void attention_backward_bf16(float* dqkv, const float* dout, const uint16_t* qkv,
+                             const uint16_t* out, const float* lse, int64_t B, int64_t T,
+                             int64_t NH, int64_t KVH, int64_t HS);
 // lm_head_cross_entropy with bf16 hidden states and head weights; the logit
 // gradients are rounded to bf16 (scratch_bf16: lm_head_scratch_bf16
 // elements) for the two backward matmuls.

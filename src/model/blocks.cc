@@ -55,6 +55,32 @@ void Transformer::forward_body(const int32_t* tokens, int64_t B, int64_t T) {
     }
 }
 
+float* Transformer::attention_fwd(LayerOffsets& a, int64_t B, int64_t T) {
+    APIARY_PROFILE("attention forward");
+    const int64_t NH = spec_.n_head, KVH = spec_.n_kv_head, HS = spec_.head_size(),
+                  R = spec_.n_embd + 2 * spec_.kv_dim();
+    if (precision_ != Precision::bf16) {
+        k::attention_forward(act(a.atty), act(a.lse), act(a.qkv), B, T, NH, KVH, HS);
+        return act(a.atty);
+    }
+    // q, k, v rounded once; the output lands in bf16 as the next matmul's input.
+    k::to_bf16(half(a.qkv_h), act(a.qkv), B * T * R);
+    k::attention_forward_bf16(half(a.atty_h), act(a.lse), half(a.qkv_h), B, T, NH, KVH, HS);
+    return nullptr;
+}
+
+void Transformer::attention_bwd(LayerOffsets& a, int64_t B, int64_t T) {
+    APIARY_PROFILE("attention backward");
+    const int64_t NH = spec_.n_head, KVH = spec_.n_kv_head, HS = spec_.head_size();
+    if (precision_ != Precision::bf16) {
+        k::attention_backward(dqkv_.f32(), datty_.f32(), act(a.qkv), act(a.atty), act(a.lse), B,
+                              T, NH, KVH, HS);
+    } else {
+        k::attention_backward_bf16(dqkv_.f32(), datty_.f32(), half(a.qkv_h), half(a.atty_h),
+                                   act(a.lse), B, T, NH, KVH, HS);
+    }
+}
+
 void Transformer::block_forward(int l, int64_t B, int64_t T) {
     const int64_t N = B * T, C = spec_.n_embd, F = spec_.ffn_dim(), NH = spec_.n_head,
                   KVH = spec_.n_kv_head, HS = spec_.head_size(), R = C + 2 * spec_.kv_dim();
@@ -67,12 +93,9 @@ void Transformer::block_forward(int l, int64_t B, int64_t T) {
                              param(p + "ln_1.weight"), param(p + "ln_1.bias"), N, C, eps);
         lin_fwd(act(a.qkv), act(a.norm1), a.norm1_h, p + "attn.c_attn.weight",
                 p + "attn.c_attn.bias", N, C, 3 * C);
-        {
-            APIARY_PROFILE("attention forward");
-            k::attention_forward(act(a.atty), act(a.lse), act(a.qkv), B, T, NH, NH, HS);
-        }
-        lin_fwd(act(a.res2), act(a.atty), a.atty_h, p + "attn.c_proj.weight",
-                p + "attn.c_proj.bias", N, C, C);
+        float* atty = attention_fwd(a, B, T);
+        lin_fwd(act(a.res2), atty, a.atty_h, p + "attn.c_proj.weight", p + "attn.c_proj.bias", N,
+                C, C);
         add_to(act(a.res2), in, N * C);
         k::layernorm_forward(act(a.norm2), act(a.norm2_mean), act(a.norm2_rstd), act(a.res2),
                              param(p + "ln_2.weight"), param(p + "ln_2.bias"), N, C, eps);
@@ -88,11 +111,8 @@ void Transformer::block_forward(int l, int64_t B, int64_t T) {
         lin_fwd(act(a.qkv), act(a.norm1), a.norm1_h, p + "self_attn.q_proj.weight", "", N, C, R);
         k::rope_apply(act(a.qkv), rope_cos_.f32(), rope_sin_.f32(), B, T, R, 0, NH, HS, false);
         k::rope_apply(act(a.qkv), rope_cos_.f32(), rope_sin_.f32(), B, T, R, C, KVH, HS, false);
-        {
-            APIARY_PROFILE("attention forward");
-            k::attention_forward(act(a.atty), act(a.lse), act(a.qkv), B, T, NH, KVH, HS);
-        }
-        lin_fwd(act(a.res2), act(a.atty), a.atty_h, p + "self_attn.o_proj.weight", "", N, C, C);
+        float* atty = attention_fwd(a, B, T);
+        lin_fwd(act(a.res2), atty, a.atty_h, p + "self_attn.o_proj.weight", "", N, C, C);
         add_to(act(a.res2), in, N * C);
         k::rmsnorm_forward(act(a.norm2), act(a.norm2_rstd), act(a.res2),
                            param(p + "post_attention_layernorm.weight"), N, C, eps);
@@ -121,11 +141,7 @@ void Transformer::block_backward(int l, int64_t B, int64_t T) {
                               act(a.norm2_rstd), N, C);
         lin_bwd(datty_.f32(), p + "attn.c_proj.weight", p + "attn.c_proj.bias", dres, act(a.atty),
                 a.atty_h, N, C, C);
-        {
-            APIARY_PROFILE("attention backward");
-            k::attention_backward(dqkv_.f32(), datty_.f32(), act(a.qkv), act(a.atty), act(a.lse),
-                                  B, T, NH, NH, HS);
-        }
+        attention_bwd(a, B, T);
         lin_bwd(dnorm_.f32(), p + "attn.c_attn.weight", p + "attn.c_attn.bias", dqkv_.f32(),
                 act(a.norm1), a.norm1_h, N, C, 3 * C);
         k::layernorm_backward(dres, grad(p + "ln_1.weight"), grad(p + "ln_1.bias"), dnorm_.f32(),
@@ -143,11 +159,7 @@ void Transformer::block_backward(int l, int64_t B, int64_t T) {
                             act(a.norm2_rstd), N, C);
         lin_bwd(datty_.f32(), p + "self_attn.o_proj.weight", "", dres, act(a.atty), a.atty_h, N, C,
                 C);
-        {
-            APIARY_PROFILE("attention backward");
-            k::attention_backward(dqkv_.f32(), datty_.f32(), act(a.qkv), act(a.atty), act(a.lse),
-                                  B, T, NH, KVH, HS);
-        }
+        attention_bwd(a, B, T);
         // The rotation's transpose carries the gradient back to pre-RoPE q, k.
         k::rope_apply(dqkv_.f32(), rope_cos_.f32(), rope_sin_.f32(), B, T, R, 0, NH, HS, true);
         k::rope_apply(dqkv_.f32(), rope_cos_.f32(), rope_sin_.f32(), B, T, R, C, KVH, HS, true);

@@ -111,8 +111,11 @@ void Transformer::allocate_activations() {
     encoded_ = take(N * C);
     // In bf16 mode the fp32 norm outputs and MLP activation are only read by
     // the next matmul, which keeps its own bf16 copy: they share one
-    // transient region instead of one per block.
+    // transient region instead of one per block. Likewise the fp32 qkv,
+    // which attention reads only as its bf16 copy, and the attention output,
+    // which attention writes in bf16 directly.
     const int64_t transient = bf16 ? take(N * std::max(C, F)) : 0;
+    const int64_t transient_qkv = bf16 ? take(N * R) : 0;
     int64_t half_cursor = 0;
     auto take_half = [&](int64_t n) {
         const int64_t at = half_cursor;
@@ -124,8 +127,8 @@ void Transformer::allocate_activations() {
         a.norm1 = bf16 ? transient : take(N * C);
         a.norm1_mean = take(N);
         a.norm1_rstd = take(N);
-        a.qkv = take(N * R);
-        a.atty = take(N * C);
+        a.qkv = bf16 ? transient_qkv : take(N * R);
+        a.atty = bf16 ? transient : take(N * C);  // unused in bf16: atty_h holds it
         a.lse = take(max_B_ * NH * max_T_);
         a.res2 = take(N * C);
         a.norm2 = bf16 ? transient : take(N * C);
@@ -136,6 +139,7 @@ void Transformer::allocate_activations() {
         a.res3 = take(N * C);
         if (bf16) {
             a.norm1_h = take_half(N * C);
+            a.qkv_h = take_half(N * R);
             a.atty_h = take_half(N * C);
             a.norm2_h = take_half(N * C);
             a.fc_act_h = take_half(N * F);
@@ -236,7 +240,7 @@ void Transformer::lin_fwd(float* y, float* x, int64_t x_half, const std::string&
             k::linear_forward(y, x, param(w), bias, N, IN, OUT);
             break;
         case Precision::bf16:
-            k::to_bf16(half(x_half), x, N * IN);
+            if (x) k::to_bf16(half(x_half), x, N * IN);
             k::linear_forward_bf16(y, half(x_half), wh(w), bias, N, IN, OUT);
             break;
         case Precision::fp16:

@@ -89,6 +89,12 @@ private:
     void forward_body(const int32_t* tokens, int64_t B, int64_t T);
     void backward_body(const int32_t* tokens, int64_t B, int64_t T);
     void block_forward(int l, int64_t B, int64_t T);
+    struct LayerOffsets;
+    // Attention in the model's precision (fp32 attention for fp16 too: its
+    // emulation is about the matmuls' gradient range). The forward returns
+    // the fp32 output, or null in bf16 mode where it is written to atty_h.
+    float* attention_fwd(LayerOffsets& a, int64_t B, int64_t T);
+    void attention_bwd(LayerOffsets& a, int64_t B, int64_t T);
     void block_backward(int l, int64_t B, int64_t T);
     const float* head_weight() const;
     float* head_grad();
@@ -97,8 +103,9 @@ private:
         return params_.f32() + registry_.get(name).offset;
     }
     // Matrix multiplies in the model's precision. x is the fp32 input;
-    // x_half the offset of its bf16 copy in arena_half_ (bf16 mode). The
-    // backward takes the same x / x_half the forward saved.
+    // x_half the offset of its bf16 copy in arena_half_ (bf16 mode; x null:
+    // the copy is already there). The backward takes the same x / x_half the
+    // forward saved.
     void lin_fwd(float* y, float* x, int64_t x_half, const std::string& w, const std::string& b,
                  int64_t N, int64_t IN, int64_t OUT);
     void lin_bwd(float* dx, const std::string& w, const std::string& b, const float* dy,
@@ -124,8 +131,8 @@ private:
     struct LayerOffsets {
         int64_t norm1, norm1_mean, norm1_rstd, qkv, atty, lse, res2, norm2, norm2_mean, norm2_rstd,
             fc, fc_act, res3;
-        // bf16 copies of the matmul inputs (bf16 mode only).
-        int64_t norm1_h = 0, atty_h = 0, norm2_h = 0, fc_act_h = 0;
+        // bf16 copies of the matmul inputs and of q, k, v (bf16 mode only).
+        int64_t norm1_h = 0, qkv_h = 0, atty_h = 0, norm2_h = 0, fc_act_h = 0;
     };
     core::Tensor arena_half_;          // bf16 saved activations
     core::Tensor grad_half_;           // bf16 (or fp16-rounded) copy of an incoming gradient

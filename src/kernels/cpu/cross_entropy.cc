@@ -98,6 +98,7 @@ namespace {
 // (V, rows), and multiplies them into dW once: one pass over the fp32 dW
 // (V, C) per kDwRows rows instead of one per kRows-row block.
 constexpr int64_t kDwRows = 1024;
+constexpr int64_t kDwVocabChunk = 16384;
 
 // In place 16 x 16 transpose: r[i] holds row i on entry, column i on exit.
 void transpose16(__m512 r[16]) {
@@ -244,8 +245,14 @@ double lm_head_cross_entropy_bf16(const uint16_t* h, const uint16_t* W, const in
         pending += rn;
         if (pending + rows > ld || r0 + rn == N) {
             APIARY_PROFILE("head: dW gemm");
-            gemm_bf16(false, false, V, C, pending, scratch_bf16, ld, h + (r0 + rn - pending) * C, C,
-                      1.0f, dW, C);
+            // In vocabulary chunks: oneDNN runs this GEMM 25% faster as
+            // 16384-row pieces than as one (V, C) product (measured, 1 and
+            // 2 threads).
+            const uint16_t* h_rows = h + (r0 + rn - pending) * C;
+            for (int64_t v0 = 0; v0 < V; v0 += kDwVocabChunk) {
+                gemm_bf16(false, false, std::min(kDwVocabChunk, V - v0), C, pending,
+                          scratch_bf16 + v0 * ld, ld, h_rows, C, 1.0f, dW + v0 * C, C);
+            }
             pending = 0;
         }
     }

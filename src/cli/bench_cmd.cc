@@ -80,9 +80,12 @@ double run_step(PrecisionRun& r, const std::vector<int32_t>& tokens,
                  ->forward_backward(tokens.data(), targets.data(), batch, seq,
                                     1.0f / float(batch * seq))
                  .mean();
-    // The norm first, as the trainer does (so the profile's regions do not nest).
+    // The norm first, as the trainer does (so the profile's regions do not
+    // nest); bf16 weights written by the optimizer, as the trainer does.
     const double norm = r.adam->grad_norm(r.model->grads());
-    r.adam->step(r.model->params(), r.model->grads(), 1e-4f, 1.0f, norm);
+    uint16_t* copy = r.adam->updates_all_params() ? r.model->bf16_weights() : nullptr;
+    r.adam->step(r.model->params(), r.model->grads(), 1e-4f, 1.0f, norm, copy);
+    if (copy) r.model->bf16_weights_written();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 

@@ -116,6 +116,12 @@ void lm_head_logsumexp(float* lse, float* target_logit, const float* h, const fl
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int64_t t,
                   float grad_scale);
+// adamw_update that also writes param_bf16 (n) = the updated param rounded
+// to bf16 as to_bf16 rounds: bf16 training's weight copy, in the same pass
+// over memory instead of a second one.
+void adamw_update_bf16_copy(float* param, uint16_t* param_bf16, const float* grad, float* m,
+                            float* v, int64_t n, float lr, float beta1, float beta2, float eps,
+                            float weight_decay, int64_t t, float grad_scale);
 // Sum of squares in double precision (for the global gradient norm).
 double sum_squares(const float* x, int64_t n);
 void scale_inplace(float* x, int64_t n, float s);

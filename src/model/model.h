@@ -81,6 +81,17 @@ public:
     int64_t max_B() const { return max_B_; }
     int64_t max_T() const { return max_T_; }
 
+    // bf16 mode: the bf16 weight copy the matmuls read (null in other
+    // modes), for an optimizer step that writes it as it updates the fp32
+    // weights (AdamW::step's params_bf16). Once such a step has written
+    // every parameter, bf16_weights_written() marks the copy current;
+    // otherwise the next forward casts all the weights again, as after any
+    // mutable params().
+    uint16_t* bf16_weights() {
+        return precision_ == Precision::bf16 ? shadow_.data<uint16_t>() : nullptr;
+    }
+    void bf16_weights_written() { shadow_stale_ = false; }
+
 private:
     struct LayerActs;
     void build_registry();

@@ -391,7 +391,13 @@ TrainSummary Trainer::run(bool append_metrics) {
         const double lr = optim::lr_schedule(step, steps_, warmup, lr_peak, lr_min);
         const bool apply = scaler_.update(overflow, step + 1);
         if (apply) {
-            adam_->step(model_.params(), model_.grads(), float(lr), float(1.0 / scale), raw_norm);
+            // bf16: the optimizer writes the bf16 weight copy as it goes, when it
+            // updates every parameter (not a ZeRO shard: the gather below
+            // marks the copy stale, and it is cast again before the forward).
+            uint16_t* copy = adam_->updates_all_params() ? model_.bf16_weights() : nullptr;
+            adam_->step(model_.params(), model_.grads(), float(lr), float(1.0 / scale), raw_norm,
+                        copy);
+            if (copy) model_.bf16_weights_written();
             if (dp_) dp_->gather_parameters();
         } else if (!scaler_.enabled()) {
             throw Error(fmt::format("non-finite gradients at step {} (norm {}): training "

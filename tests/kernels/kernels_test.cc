@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "core/tensor.h"
 #include "kernel_test_util.h"
@@ -334,6 +335,28 @@ TEST(AdamW, MatchesReferenceFormula) {
         }
     }
     EXPECT_LT(rel_error(p, rp), kFwdTol);
+}
+
+// The fused bf16 copy changes nothing in the fp32 update (bit for bit) and
+// writes exactly what a separate to_bf16 of the result would. n crosses the
+// kernel's 2048-element chunks and ends in a partial 16-lane vector.
+TEST(AdamW, Bf16CopyIsTheCastOfTheSameUpdate) {
+    const int n = 2 * 2048 + 37;
+    auto p = random_vec(n, 29), g = random_vec(n, 30);
+    auto p2 = p;
+    std::vector<float> m(n, 0.0f), v(n, 0.0f), m2(n, 0.0f), v2(n, 0.0f);
+    std::vector<uint16_t> copy(n, 0), cast(n);
+    for (int t = 1; t <= 2; ++t) {
+        k::adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f,
+                        0.1f, t, 0.5f);
+        k::adamw_update_bf16_copy(p2.data(), copy.data(), g.data(), m2.data(), v2.data(), n,
+                                  1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 0.5f);
+    }
+    EXPECT_EQ(std::memcmp(p.data(), p2.data(), n * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(m.data(), m2.data(), n * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(v.data(), v2.data(), n * sizeof(float)), 0);
+    k::to_bf16(cast.data(), p.data(), n);
+    EXPECT_EQ(copy, cast);
 }
 
 TEST(SumSquares, MatchesReference) {

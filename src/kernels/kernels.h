@@ -158,10 +158,24 @@ void linear_backward_bf16(float* dx, float* dweight, const uint16_t* dy, const u
 // dbias (OUT) += column sums of dy (N, OUT).
 void linear_bias_backward(float* dbias, const float* dy, int64_t N, int64_t OUT);
 double measure_gemm_bf16_peak_flops(double seconds = 0.3);
+// Kernels whose output feeds a bf16 matmul, writing it in bf16 directly
+// (the fp32 kernels' formulas; out/dx rounded as to_bf16 rounds).
+// layernorm_forward with out (N, C) bf16.
+void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* x,
+                            const float* weight, const float* bias, int64_t N, int64_t C,
+                            float eps);
+// gelu_forward with out (n) bf16.
+void gelu_forward_bf16(uint16_t* out, const float* x, int64_t n);
+// gelu_backward on (N, W) with dx bf16; col_sums (W), if non-null, += the
+// column sums of the fp32 dx (the bias gradient of the matmul that made x).
+void gelu_backward_bf16(uint16_t* dx, float* col_sums, const float* x, const float* dout,
+                        int64_t N, int64_t W);
+// dst (N, W) = to_bf16(src); col_sums (W), if non-null, += column sums of src.
+void to_bf16_column_sums(uint16_t* dst, float* col_sums, const float* src, int64_t N, int64_t W);
 // Causal attention as attention_forward/backward with q, k, v in bf16: block
 // products on bf16 pairs with fp32 accumulation; softmax statistics and
 // every gradient in fp32. Error against fp32 attention on the same bf16
-// inputs: the bf16 rounding of P, dS and dO (relative 2^-9 each).
+// inputs: the bf16 rounding of P, dS and dO (at most 2^-8 relative each).
 //   qkv (B, T, (NH + 2 KVH) HS) bf16; out (B, T, NH HS) bf16 (it feeds the
 //   output projection's bf16 matmul); lse (B, NH, T) fp32
 void attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, int64_t B, int64_t T,

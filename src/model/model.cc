@@ -259,10 +259,10 @@ void Transformer::lin_bwd(float* dx, const std::string& w, const std::string& b,
             k::linear_backward(dx, grad(w), dbias, dy, x, param(w), N, IN, OUT);
             break;
         case Precision::bf16: {
+            // One pass over dy: its bf16 copy and the bias gradient.
             uint16_t* dyh = grad_half_.data<uint16_t>();
-            k::to_bf16(dyh, dy, N * OUT);
+            if (dy) k::to_bf16_column_sums(dyh, dbias, dy, N, OUT);
             k::linear_backward_bf16(dx, grad(w), dyh, half(x_half), wh(w), N, IN, OUT);
-            if (dbias) k::linear_bias_backward(dbias, dy, N, OUT);
             break;
         }
         case Precision::fp16: {

@@ -101,6 +101,11 @@ private:
     void backward_body(const int32_t* tokens, int64_t B, int64_t T);
     void block_forward(int l, int64_t B, int64_t T);
     struct LayerOffsets;
+    // LayerNorm of the "<prefix>weight" / "bias" parameters into act(out),
+    // returned; in bf16 mode into half(out_half) only (the next matmul's
+    // input), returning null for lin_fwd.
+    float* layernorm_fwd(int64_t out, int64_t out_half, int64_t mean, int64_t rstd,
+                         const float* in, const std::string& prefix, int64_t N);
     // Attention in the model's precision (fp32 attention for fp16 too: its
     // emulation is about the matmuls' gradient range). The forward returns
     // the fp32 output, or null in bf16 mode where it is written to atty_h.
@@ -116,7 +121,8 @@ private:
     // Matrix multiplies in the model's precision. x is the fp32 input;
     // x_half the offset of its bf16 copy in arena_half_ (bf16 mode; x null:
     // the copy is already there). The backward takes the same x / x_half the
-    // forward saved.
+    // forward saved; in bf16 mode dy null means grad_half_ already holds the
+    // bf16 dy and the bias gradient was added.
     void lin_fwd(float* y, float* x, int64_t x_half, const std::string& w, const std::string& b,
                  int64_t N, int64_t IN, int64_t OUT);
     void lin_bwd(float* dx, const std::string& w, const std::string& b, const float* dy,

@@ -81,11 +81,11 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
 // ---- bf16 attention ----
 // The reference runs in fp64 on the bf16-rounded q, k, v (exact in fp64), so
 // what is left is the kernel's own rounding: P (forward), dO and dS
-// (backward) and the output go through bf16, relative 2^-9 = 2e-3 each;
-// summed over a row's keys the errors partly cancel. Measured when written:
-// 1.6-2.2e-3 forward, 2.5-2.9e-3 backward (max error over max |reference|);
-// tolerances about 2.5x that. A mispacked pair or a wrong mask misses by
-// orders of magnitude more.
+// (backward) and the output go through bf16, each off by up to bf16's unit
+// roundoff 2^-8 = 3.9e-3; summed over a row's keys the errors partly cancel.
+// Measured when written: 1.6-2.2e-3 forward, 2.5-2.9e-3 backward (max error
+// over max |reference|); tolerances about 2.5x that. A mispacked pair or a
+// wrong mask misses by orders of magnitude more.
 
 namespace {
 

@@ -150,6 +150,10 @@ void copy_round_to_f16(float* dst, const float* src, int64_t n);
 // y (N, OUT) = x W^T + b with x (N, IN) and W (OUT, IN) in bf16.
 void linear_forward_bf16(float* y, const uint16_t* x, const uint16_t* weight, const float* bias,
                          int64_t N, int64_t IN, int64_t OUT);
+// linear_forward_bf16 with y (N, OUT) in bf16, rounded to nearest even from
+// the fp32 accumulator by oneDNN: for an output only ever read in bf16.
+void linear_forward_bf16_out(uint16_t* y, const uint16_t* x, const uint16_t* weight,
+                             const float* bias, int64_t N, int64_t IN, int64_t OUT);
 // dx (N, IN) = dy W; dweight (OUT, IN) += dy^T x; operands bf16, results fp32.
 // (The bias gradient needs the fp32 dy: use linear_bias_backward.)
 void linear_backward_bf16(float* dx, float* dweight, const uint16_t* dy, const uint16_t* x,

@@ -77,8 +77,10 @@ float* Transformer::attention_fwd(LayerOffsets& a, int64_t B, int64_t T) {
         k::attention_forward(act(a.atty), act(a.lse), act(a.qkv), B, T, NH, KVH, HS);
         return act(a.atty);
     }
-    // q, k, v rounded once; the output lands in bf16 as the next matmul's input.
-    k::to_bf16(half(a.qkv_h), act(a.qkv), B * T * R);
+    // q, k, v rounded once (GPT-2's qkv matmul wrote them in bf16 already;
+    // LLaMA's went through RoPE in fp32); the output lands in bf16 as the
+    // next matmul's input.
+    if (spec_.arch != Arch::gpt2) k::to_bf16(half(a.qkv_h), act(a.qkv), B * T * R);
     k::attention_forward_bf16(half(a.atty_h), act(a.lse), half(a.qkv_h), B, T, NH, KVH, HS);
     return nullptr;
 }
@@ -105,8 +107,14 @@ void Transformer::block_forward(int l, int64_t B, int64_t T) {
         const std::string p = fmt::format("h.{}.", l);
         float* norm1 = layernorm_fwd(a.norm1, a.norm1_h, a.norm1_mean, a.norm1_rstd, in,
                                      p + "ln_1.", N);
-        lin_fwd(act(a.qkv), norm1, a.norm1_h, p + "attn.c_attn.weight", p + "attn.c_attn.bias", N,
-                C, 3 * C);
+        if (precision_ == Precision::bf16) {
+            // q, k, v only feed attention's bf16 products: written in bf16.
+            lin_fwd_to_half(a.qkv_h, norm1, a.norm1_h, p + "attn.c_attn.weight",
+                            p + "attn.c_attn.bias", N, C, 3 * C);
+        } else {
+            lin_fwd(act(a.qkv), norm1, a.norm1_h, p + "attn.c_attn.weight", p + "attn.c_attn.bias",
+                    N, C, 3 * C);
+        }
         float* atty = attention_fwd(a, B, T);
         lin_fwd(act(a.res2), atty, a.atty_h, p + "attn.c_proj.weight", p + "attn.c_proj.bias", N,
                 C, C);

@@ -250,6 +250,15 @@ void Transformer::lin_fwd(float* y, float* x, int64_t x_half, const std::string&
     }
 }
 
+void Transformer::lin_fwd_to_half(int64_t y_half, float* x, int64_t x_half, const std::string& w,
+                                  const std::string& b, int64_t N, int64_t IN, int64_t OUT) {
+    APIARY_PROFILE("matmul forward");
+    APIARY_CHECK(precision_ == Precision::bf16, "lin_fwd_to_half is for bf16 mode");
+    if (x) k::to_bf16(half(x_half), x, N * IN);
+    k::linear_forward_bf16_out(half(y_half), half(x_half), wh(w), b.empty() ? nullptr : param(b), N,
+                               IN, OUT);
+}
+
 void Transformer::lin_bwd(float* dx, const std::string& w, const std::string& b, const float* dy,
                           const float* x, int64_t x_half, int64_t N, int64_t IN, int64_t OUT) {
     APIARY_PROFILE("matmul backward");

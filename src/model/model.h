@@ -125,6 +125,10 @@ private:
     // bf16 dy and the bias gradient was added.
     void lin_fwd(float* y, float* x, int64_t x_half, const std::string& w, const std::string& b,
                  int64_t N, int64_t IN, int64_t OUT);
+    // lin_fwd (bf16 mode) whose output goes to half(y_half) in bf16, for an
+    // output only ever read in bf16.
+    void lin_fwd_to_half(int64_t y_half, float* x, int64_t x_half, const std::string& w,
+                         const std::string& b, int64_t N, int64_t IN, int64_t OUT);
     void lin_bwd(float* dx, const std::string& w, const std::string& b, const float* dy,
                  const float* x, int64_t x_half, int64_t N, int64_t IN, int64_t OUT);
     void refresh_shadow();

@@ -396,6 +396,10 @@ TEST(Bf16, LinearForwardAndBackwardMatchReferenceOnBf16Inputs) {
     k::linear_forward_bf16(y.data(), xh.data(), wh.data(), b.data(), N, IN, OUT);
     const auto x64 = f64_of(xh), w64 = f64_of(wh), dy64 = f64_of(dyh);
     EXPECT_LT(rel_error(y, ref_linear(x64, w64, to_f64(b), N, IN, OUT)), kFwdTol);
+    // With a bf16 output: the same sums, rounded as to_bf16 rounds.
+    std::vector<uint16_t> yh(N * OUT);
+    k::linear_forward_bf16_out(yh.data(), xh.data(), wh.data(), b.data(), N, IN, OUT);
+    EXPECT_EQ(yh, bf16_of(y));
     std::vector<float> dx(N * IN), dw(OUT * IN, 0.0f);
     k::linear_backward_bf16(dx.data(), dw.data(), dyh.data(), xh.data(), wh.data(), N, IN, OUT);
     std::vector<double> rdx(N * IN, 0.0), rdw(OUT * IN, 0.0);

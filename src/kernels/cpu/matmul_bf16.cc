@@ -28,9 +28,9 @@ namespace apiary::kernels {
 
 namespace {
 
-// (trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, bias)
-using Key =
-    std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
+// (trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, bias, bf16 output)
+using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+                       bool, bool>;
 
 struct Cache {
     dnnl::engine engine{dnnl::engine::kind::cpu, 0};
@@ -44,16 +44,17 @@ Cache& cache() {
     return c;
 }
 
-// C (M, N) = op(A) op(B) (+ C when beta = 1) (+ bias (N) broadcast over rows).
+// C (M, N) = op(A) op(B) (+ C when beta = 1) (+ bias (N) broadcast over rows);
+// C is fp32, or bf16 (rounded to nearest even) when c_bf16.
 void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
                  int64_t lda, const uint16_t* B, int64_t ldb, float beta, const float* bias,
-                 float* C, int64_t ldc) {
+                 void* C, int64_t ldc, bool c_bf16 = false) {
     if (M == 0 || N == 0) return;
     APIARY_CHECK(beta == 0.0f || beta == 1.0f, "gemm_bf16: beta must be 0 or 1, got {}", beta);
     using dt = dnnl::memory::data_type;
     using dims = dnnl::memory::dims;
     Cache& c = cache();
-    const Key key{trans_a, trans_b, M, N, K, lda, ldb, ldc, beta == 1.0f, bias != nullptr};
+    const Key key{trans_a, trans_b, M, N, K, lda, ldb, ldc, beta == 1.0f, bias != nullptr, c_bf16};
     const dnnl::matmul* prim;
     const dnnl::matmul::primitive_desc* pd;
     {
@@ -63,7 +64,7 @@ void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, co
             // Transposes are expressed as strides of a plain 2-D descriptor.
             const dnnl::memory::desc a_md({M, K}, dt::bf16, trans_a ? dims{1, lda} : dims{lda, 1});
             const dnnl::memory::desc b_md({K, N}, dt::bf16, trans_b ? dims{1, ldb} : dims{ldb, 1});
-            const dnnl::memory::desc c_md({M, N}, dt::f32, dims{ldc, 1});
+            const dnnl::memory::desc c_md({M, N}, c_bf16 ? dt::bf16 : dt::f32, dims{ldc, 1});
             dnnl::primitive_attr attr;
             if (beta == 1.0f) {
                 dnnl::post_ops po;
@@ -143,6 +144,11 @@ void linear_forward_bf16(float* y, const uint16_t* x, const uint16_t* weight, co
                          int64_t N, int64_t IN, int64_t OUT) {
     // The bias goes in as oneDNN's bias argument: no pass over y before the GEMM.
     matmul_bf16(false, true, N, OUT, IN, x, IN, weight, IN, 0.0f, bias, y, OUT);
+}
+
+void linear_forward_bf16_out(uint16_t* y, const uint16_t* x, const uint16_t* weight,
+                             const float* bias, int64_t N, int64_t IN, int64_t OUT) {
+    matmul_bf16(false, true, N, OUT, IN, x, IN, weight, IN, 0.0f, bias, y, OUT, true);
 }
 
 void linear_backward_bf16(float* dx, float* dweight, const uint16_t* dy, const uint16_t* x,

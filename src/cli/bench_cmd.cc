@@ -1,13 +1,16 @@
 // `apiary bench <what>`: end-to-end benchmarks that print their figures, or
 // one JSON object with --json. `bench train` times full optimizer steps of a
 // preset on random tokens and reports MFU against the GEMM peak measured in
-// the same process.
+// the same process; given several precisions it alternates them and reports
+// the speedup measured round by round.
 
 #include <fmt/format.h>
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -46,53 +49,47 @@ double median(std::vector<double> v) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-void bench_train(const BenchTrainArgs& a) {
-    core::set_num_threads(a.threads);
-    const core::ModelSpec& spec = core::preset(a.preset);
-    if (a.seq > spec.max_seq_len) {
-        throw ConfigError(fmt::format("--seq {} exceeds {}'s max_seq_len {}", a.seq, a.preset,
-                                      spec.max_seq_len));
-    }
-    const model::Precision precision = model::parse_precision(a.precision);
-    model::Transformer m(spec, a.batch, a.seq, precision);
-    m.init(1);
-    std::vector<optim::ParamRange> ranges;
-    for (const auto& e : m.registry().entries()) ranges.push_back({e.offset, e.numel(), e.decay});
-    optim::AdamW adam(ranges, m.flat_size(), {});
-    const int64_t n = int64_t(a.batch) * a.seq;
-    std::vector<int32_t> tokens(static_cast<size_t>(n)), targets(static_cast<size_t>(n));
-    const core::Philox rng(7, 0);
-    for (int64_t i = 0; i < n; ++i) {
-        tokens[i] = int32_t(rng.below(2 * uint64_t(i), spec.vocab_size));
-        targets[i] = int32_t(rng.below(2 * uint64_t(i) + 1, spec.vocab_size));
-    }
-    // MFU is against the peak of the precision the matmuls run in, measured now.
-    const double peak = precision == model::Precision::bf16
-                            ? kernels::measure_gemm_bf16_peak_flops(1.0)
-                            : kernels::measure_gemm_peak_flops(1.0);
+// One model in one precision, with its optimizer and what its steps measured.
+struct PrecisionRun {
+    std::string name;
+    model::Precision precision;
+    std::unique_ptr<model::Transformer> model;
+    std::unique_ptr<optim::AdamW> adam;
+    double peak = 0;  // GEMM FLOP/s of the precision the matmuls run in
     std::vector<double> times;
     double loss = 0;
-    core::Profiler& prof = core::Profiler::get();
-    for (int s = 0; s < a.warmup + a.steps; ++s) {
-        prof.enable(a.profile && s >= a.warmup);
-        const auto t0 = std::chrono::steady_clock::now();
-        m.zero_grads();
-        loss = m.forward_backward(tokens.data(), targets.data(), a.batch, a.seq, 1.0f / float(n))
-                   .mean();
-        adam.step(m.params(), m.grads(), 1e-4f);
-        const double dt =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (s >= a.warmup) times.push_back(dt);
-        if (!a.json) {
-            fmt::print("  step {} {:.3f} s loss {:.4f}{}\n", s, dt, loss,
-                       s < a.warmup ? " (warm-up)" : "");
-        }
+    std::map<std::string, double> regions;  // profiled seconds, summed over timed steps
+};
+
+std::vector<std::string> split_commas(const std::string& s) {
+    std::vector<std::string> out;
+    size_t at = 0;
+    while (at <= s.size()) {
+        const size_t comma = std::min(s.find(',', at), s.size());
+        out.push_back(s.substr(at, comma - at));
+        at = comma + 1;
     }
-    // Checked output: a random-token loss starts near ln(V).
-    APIARY_CHECK(std::isfinite(loss), "benchmark produced a non-finite loss {}", loss);
-    const double step_s = median(times);
-    const double tps = double(n) / step_s;
-    const double flops = tps * spec.train_flops_per_token(a.seq);
+    return out;
+}
+
+double run_step(PrecisionRun& r, const std::vector<int32_t>& tokens,
+                const std::vector<int32_t>& targets, int batch, int seq) {
+    const auto t0 = std::chrono::steady_clock::now();
+    r.model->zero_grads();
+    r.loss = r.model
+                 ->forward_backward(tokens.data(), targets.data(), batch, seq,
+                                    1.0f / float(batch * seq))
+                 .mean();
+    // The norm first, as the trainer does (so the profile's regions do not
+    // nest); bf16 weights written by the optimizer, as the trainer does.
+    const double norm = r.adam->grad_norm(r.model->grads());
+    uint16_t* copy = r.adam->updates_all_params() ? r.model->bf16_weights() : nullptr;
+    r.adam->step(r.model->params(), r.model->grads(), 1e-4f, 1.0f, norm, copy);
+    if (copy) r.model->bf16_weights_written();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+nlohmann::json memory_json() {
     const auto mem = core::mem_stats();
     int64_t sum = 0;
     nlohmann::json cats;
@@ -102,48 +99,161 @@ void bench_train(const BenchTrainArgs& a) {
     }
     rusage ru{};
     getrusage(RUSAGE_SELF, &ru);
-    const int64_t rss = int64_t(ru.ru_maxrss) * 1024;
     cats["sum_of_categories"] = sum;
     cats["allocator_total_peak"] = mem.total_peak;
-    cats["process_rss_peak"] = rss;
-    const nlohmann::json out = {
-        {"preset", a.preset}, {"precision", a.precision}, {"batch", a.batch}, {"seq", a.seq}, {"threads", core::num_threads()},
-        {"steps", a.steps}, {"step_time_s", step_s},
-        {"step_time_min_s", *std::min_element(times.begin(), times.end())},
-        {"step_time_max_s", *std::max_element(times.begin(), times.end())},
-        {"tokens_per_s", tps}, {"model_flops_per_s", flops},
-        {"matmul_peak_flops_per_s", peak}, {"mfu", flops / peak}, {"peak_bytes", cats},
-        {"rss_over_categories", double(rss) / double(sum)}, {"final_loss", loss}};
-    if (a.json) {
-        fmt::print("{}\n", out.dump());
-        return;
-    }
-    fmt::print("bench train {} {} B={} T={} threads={}\n", a.preset, a.precision, a.batch, a.seq,
-               core::num_threads());
-    fmt::print("  step time   {:.3f} s (median of {}; min {:.3f}, max {:.3f})\n", step_s, a.steps,
-               out["step_time_min_s"].get<double>(), out["step_time_max_s"].get<double>());
-    fmt::print("  tokens/s    {:.1f}\n", tps);
-    fmt::print("  model FLOPs {:.1f} GFLOP/s (6N + attention per token)\n", flops / 1e9);
-    fmt::print("  GEMM peak   {:.1f} GFLOP/s (oneDNN {} matmul, measured now)\n", peak / 1e9,
-               precision == model::Precision::bf16 ? "bf16" : "fp32");
-    fmt::print("  MFU         {:.1f}%\n", 100 * flops / peak);
+    cats["process_rss_peak"] = int64_t(ru.ru_maxrss) * 1024;
+    return cats;
+}
+
+void print_memory(const nlohmann::json& cats, const char* whose) {
+    const auto mem = core::mem_stats();
     for (int c = 0; c < core::kNumMemCategories; ++c) {
         fmt::print("  peak {:<11} {:>9.1f} MiB\n", core::category_name(core::MemCategory(c)),
                    double(mem.peak[c]) / 1048576.0);
     }
-    fmt::print("  categories  {:>9.1f} MiB; process RSS peak {:.1f} MiB ({:.2f}x)\n",
-               double(sum) / 1048576.0, double(rss) / 1048576.0, double(rss) / double(sum));
-    if (a.profile) {
-        double total = 0;
-        for (double t : times) total += t;
-        fmt::print("  time per step by region (mean over timed steps):\n");
-        double covered = 0;
-        for (const auto& [name, sec] : prof.totals()) {
-            covered += sec;
-            fmt::print("    {:<26} {:>7.3f} s {:>5.1f}%\n", name, sec / a.steps, 100 * sec / total);
+    const double sum = cats["sum_of_categories"].get<double>();
+    const double rss = cats["process_rss_peak"].get<double>();
+    fmt::print("  categories  {:>9.1f} MiB; process RSS peak {:.1f} MiB ({:.2f}x){}\n",
+               sum / 1048576.0, rss / 1048576.0, rss / sum, whose);
+}
+
+// With several precisions (--precision fp32,bf16) the models are built side
+// by side and their steps alternate (fp32, bf16, fp32, bf16, ...), so each
+// sees the same machine: the ratio of two precisions is measured per round,
+// which a shared machine's drift does not bias.
+void bench_train(const BenchTrainArgs& a) {
+    core::set_num_threads(a.threads);
+    const core::ModelSpec& spec = core::preset(a.preset);
+    if (a.seq > spec.max_seq_len) {
+        throw ConfigError(fmt::format("--seq {} exceeds {}'s max_seq_len {}", a.seq, a.preset,
+                                      spec.max_seq_len));
+    }
+    std::vector<PrecisionRun> runs;
+    for (const auto& name : split_commas(a.precision)) {
+        PrecisionRun r;
+        r.name = name;
+        r.precision = model::parse_precision(name);
+        r.model = std::make_unique<model::Transformer>(spec, a.batch, a.seq, r.precision);
+        r.model->init(1);
+        std::vector<optim::ParamRange> ranges;
+        for (const auto& e : r.model->registry().entries()) {
+            ranges.push_back({e.offset, e.numel(), e.decay});
         }
-        fmt::print("    {:<26} {:>7.3f} s {:>5.1f}%\n", "other (norms, activations)",
-                   (total - covered) / a.steps, 100 * (total - covered) / total);
+        r.adam = std::make_unique<optim::AdamW>(ranges, r.model->flat_size(),
+                                                optim::AdamWOptions{});
+        runs.push_back(std::move(r));
+    }
+    const int64_t n = int64_t(a.batch) * a.seq;
+    std::vector<int32_t> tokens(static_cast<size_t>(n)), targets(static_cast<size_t>(n));
+    const core::Philox rng(7, 0);
+    for (int64_t i = 0; i < n; ++i) {
+        tokens[i] = int32_t(rng.below(2 * uint64_t(i), spec.vocab_size));
+        targets[i] = int32_t(rng.below(2 * uint64_t(i) + 1, spec.vocab_size));
+    }
+    // MFU is against the peak of the precision the matmuls run in, measured now.
+    for (auto& r : runs) {
+        r.peak = r.precision == model::Precision::bf16 ? kernels::measure_gemm_bf16_peak_flops(1.0)
+                                                       : kernels::measure_gemm_peak_flops(1.0);
+    }
+    core::Profiler& prof = core::Profiler::get();
+    for (int s = 0; s < a.warmup + a.steps; ++s) {
+        for (auto& r : runs) {
+            const bool timed = s >= a.warmup;
+            prof.reset();
+            prof.enable(a.profile && timed);
+            const double dt = run_step(r, tokens, targets, a.batch, a.seq);
+            prof.enable(false);
+            if (timed) {
+                r.times.push_back(dt);
+                for (const auto& [region, sec] : prof.totals()) r.regions[region] += sec;
+            }
+            if (!a.json) {
+                fmt::print("  step {} {:<4} {:.3f} s loss {:.4f}{}\n", s, r.name, dt, r.loss,
+                           timed ? "" : " (warm-up)");
+            }
+        }
+    }
+    // Checked output: a random-token loss starts near ln(V).
+    for (const auto& r : runs) {
+        APIARY_CHECK(std::isfinite(r.loss), "benchmark produced a non-finite {} loss {}", r.name,
+                     r.loss);
+    }
+    const nlohmann::json cats = memory_json();
+    const double rss = cats["process_rss_peak"].get<double>();
+    const double sum = cats["sum_of_categories"].get<double>();
+    std::vector<nlohmann::json> outs;
+    for (const auto& r : runs) {
+        const double step_s = median(r.times);
+        const double tps = double(n) / step_s;
+        const double flops = tps * spec.train_flops_per_token(a.seq);
+        outs.push_back({{"preset", a.preset}, {"precision", r.name}, {"batch", a.batch},
+                        {"seq", a.seq}, {"threads", core::num_threads()}, {"steps", a.steps},
+                        {"step_time_s", step_s},
+                        {"step_time_min_s", *std::min_element(r.times.begin(), r.times.end())},
+                        {"step_time_max_s", *std::max_element(r.times.begin(), r.times.end())},
+                        {"tokens_per_s", tps}, {"model_flops_per_s", flops},
+                        {"matmul_peak_flops_per_s", r.peak}, {"mfu", flops / r.peak},
+                        {"peak_bytes", cats}, {"rss_over_categories", rss / sum},
+                        {"final_loss", r.loss}});
+    }
+    // Speedup of each later precision over the first, per round and overall.
+    nlohmann::json speedups = nlohmann::json::object();
+    for (size_t i = 1; i < runs.size(); ++i) {
+        std::vector<double> per_round;
+        for (int s = 0; s < a.steps; ++s) per_round.push_back(runs[0].times[s] / runs[i].times[s]);
+        speedups[runs[i].name + "/" + runs[0].name] = {
+            {"median_of_rounds", median(per_round)},
+            {"min", *std::min_element(per_round.begin(), per_round.end())},
+            {"max", *std::max_element(per_round.begin(), per_round.end())},
+            {"of_medians", median(runs[0].times) / median(runs[i].times)}};
+    }
+    if (a.json) {
+        if (runs.size() == 1) {
+            fmt::print("{}\n", outs[0].dump());
+        } else {
+            fmt::print("{}\n", nlohmann::json{{"runs", outs}, {"speedup", speedups}}.dump());
+        }
+        return;
+    }
+    for (size_t i = 0; i < runs.size(); ++i) {
+        const auto& r = runs[i];
+        const auto& o = outs[i];
+        fmt::print("bench train {} {} B={} T={} threads={}\n", a.preset, r.name, a.batch, a.seq,
+                   core::num_threads());
+        fmt::print("  step time   {:.3f} s (median of {}; min {:.3f}, max {:.3f})\n",
+                   o["step_time_s"].get<double>(), a.steps, o["step_time_min_s"].get<double>(),
+                   o["step_time_max_s"].get<double>());
+        fmt::print("  tokens/s    {:.1f}\n", o["tokens_per_s"].get<double>());
+        fmt::print("  model FLOPs {:.1f} GFLOP/s (6N + attention per token)\n",
+                   o["model_flops_per_s"].get<double>() / 1e9);
+        fmt::print("  GEMM peak   {:.1f} GFLOP/s (oneDNN {} matmul, measured now)\n", r.peak / 1e9,
+                   r.precision == model::Precision::bf16 ? "bf16" : "fp32");
+        fmt::print("  MFU         {:.1f}%\n", 100 * o["mfu"].get<double>());
+        if (a.profile) {
+            double total = 0;
+            for (double t : r.times) total += t;
+            std::vector<std::pair<std::string, double>> regions(r.regions.begin(),
+                                                                r.regions.end());
+            std::sort(regions.begin(), regions.end(),
+                      [](const auto& x, const auto& y) { return x.second > y.second; });
+            fmt::print("  time per step by region (mean over timed steps; nested regions "
+                       "counted twice):\n");
+            double covered = 0;
+            for (const auto& [name, sec] : regions) {
+                if (name.find(':') == std::string::npos) covered += sec;  // "head: ..." nests
+                fmt::print("    {:<26} {:>7.3f} s {:>5.1f}%\n", name, sec / a.steps,
+                           100 * sec / total);
+            }
+            fmt::print("    {:<26} {:>7.3f} s {:>5.1f}%\n", "other (norms, activations)",
+                       (total - covered) / a.steps, 100 * (total - covered) / total);
+        }
+    }
+    print_memory(cats, runs.size() > 1 ? " (all models together)" : "");
+    for (const auto& [pair, sp] : speedups.items()) {
+        fmt::print("speedup {}: {:.2f}x median of {} same-round ratios (min {:.2f}, max {:.2f}); "
+                   "{:.2f}x of the medians\n",
+                   pair, sp["median_of_rounds"].get<double>(), a.steps, sp["min"].get<double>(),
+                   sp["max"].get<double>(), sp["of_medians"].get<double>());
     }
 }
 
@@ -158,8 +268,17 @@ void setup(CLI::App& app) {
     tr->add_option("--steps", a.steps, "timed steps")->check(CLI::Range(1, 1 << 20))->capture_default_str();
     tr->add_option("--warmup", a.warmup, "untimed steps first")->check(CLI::Range(0, 1 << 20))->capture_default_str();
     tr->add_option("--threads", a.threads, "threads (0: all cores)")->capture_default_str();
-    tr->add_option("--precision", a.precision, "fp32, bf16 or fp16 (emulated)")
-        ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+    tr->add_option("--precision", a.precision,
+                   "fp32, bf16 or fp16 (emulated), or a comma list (fp32,bf16): the models' "
+                   "steps then alternate and the speedup over the first is reported")
+        ->check([](const std::string& v) {
+            for (const auto& p : split_commas(v)) {
+                if (p != "fp32" && p != "bf16" && p != "fp16") {
+                    return fmt::format("unknown precision '{}' (known: fp32, bf16, fp16)", p);
+                }
+            }
+            return std::string();
+        })
         ->capture_default_str();
     tr->add_flag("--json", a.json, "print one JSON object");
     tr->add_flag("--profile", a.profile, "also print where a step's time goes");

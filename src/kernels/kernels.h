@@ -116,6 +116,12 @@ void lm_head_logsumexp(float* lse, float* target_logit, const float* h, const fl
 void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n, float lr,
                   float beta1, float beta2, float eps, float weight_decay, int64_t t,
                   float grad_scale);
+// adamw_update that also writes param_bf16 (n) = the updated param rounded
+// to bf16 as to_bf16 rounds: bf16 training's weight copy, in the same pass
+// over memory instead of a second one.
+void adamw_update_bf16_copy(float* param, uint16_t* param_bf16, const float* grad, float* m,
+                            float* v, int64_t n, float lr, float beta1, float beta2, float eps,
+                            float weight_decay, int64_t t, float grad_scale);
 // Sum of squares in double precision (for the global gradient norm).
 double sum_squares(const float* x, int64_t n);
 void scale_inplace(float* x, int64_t n, float s);
@@ -144,6 +150,10 @@ void copy_round_to_f16(float* dst, const float* src, int64_t n);
 // y (N, OUT) = x W^T + b with x (N, IN) and W (OUT, IN) in bf16.
 void linear_forward_bf16(float* y, const uint16_t* x, const uint16_t* weight, const float* bias,
                          int64_t N, int64_t IN, int64_t OUT);
+// linear_forward_bf16 with y (N, OUT) in bf16, rounded to nearest even from
+// the fp32 accumulator by oneDNN: for an output only ever read in bf16.
+void linear_forward_bf16_out(uint16_t* y, const uint16_t* x, const uint16_t* weight,
+                             const float* bias, int64_t N, int64_t IN, int64_t OUT);
 // dx (N, IN) = dy W; dweight (OUT, IN) += dy^T x; operands bf16, results fp32.
 // (The bias gradient needs the fp32 dy: use linear_bias_backward.)
 void linear_backward_bf16(float* dx, float* dweight, const uint16_t* dy, const uint16_t* x,
@@ -152,6 +162,33 @@ void linear_backward_bf16(float* dx, float* dweight, const uint16_t* dy, const u
 // dbias (OUT) += column sums of dy (N, OUT).
 void linear_bias_backward(float* dbias, const float* dy, int64_t N, int64_t OUT);
 double measure_gemm_bf16_peak_flops(double seconds = 0.3);
+// Kernels whose output feeds a bf16 matmul, writing it in bf16 directly
+// (the fp32 kernels' formulas; out/dx rounded as to_bf16 rounds).
+// layernorm_forward with out (N, C) bf16.
+void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* x,
+                            const float* weight, const float* bias, int64_t N, int64_t C,
+                            float eps);
+// gelu_forward with out (n) bf16.
+void gelu_forward_bf16(uint16_t* out, const float* x, int64_t n);
+// gelu_backward on (N, W) with dx bf16; col_sums (W), if non-null, += the
+// column sums of the fp32 dx (the bias gradient of the matmul that made x).
+void gelu_backward_bf16(uint16_t* dx, float* col_sums, const float* x, const float* dout,
+                        int64_t N, int64_t W);
+// dst (N, W) = to_bf16(src); col_sums (W), if non-null, += column sums of src.
+void to_bf16_column_sums(uint16_t* dst, float* col_sums, const float* src, int64_t N, int64_t W);
+// Causal attention as attention_forward/backward with q, k, v in bf16: block
+// products on bf16 pairs with fp32 accumulation; softmax statistics and
+// every gradient in fp32. Error against fp32 attention on the same bf16
+// inputs: the bf16 rounding of P, dS and dO (at most 2^-8 relative each).
+//   qkv (B, T, (NH + 2 KVH) HS) bf16; out (B, T, NH HS) bf16 (it feeds the
+//   output projection's bf16 matmul); lse (B, NH, T) fp32
+void attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, int64_t B, int64_t T,
+                            int64_t NH, int64_t KVH, int64_t HS);
+// dqkv (B, T, (NH + 2 KVH) HS) fp32 written; dout (B, T, NH HS) fp32; out and
+// lse as the forward left them.
+void attention_backward_bf16(float* dqkv, const float* dout, const uint16_t* qkv,
+                             const uint16_t* out, const float* lse, int64_t B, int64_t T,
+                             int64_t NH, int64_t KVH, int64_t HS);
 // lm_head_cross_entropy with bf16 hidden states and head weights; the logit
 // gradients are rounded to bf16 (scratch_bf16: lm_head_scratch_bf16
 // elements) for the two backward matmuls.

@@ -67,6 +67,48 @@ void Transformer::forward_body(const int32_t* tokens, int64_t B, int64_t T) {
     }
 }
 
+float* Transformer::layernorm_fwd(int64_t out, int64_t out_half, int64_t mean, int64_t rstd,
+                                  const float* in, const std::string& prefix, int64_t N) {
+    const int64_t C = spec_.n_embd;
+    const float* w = param(prefix + "weight");
+    const float* b = param(prefix + "bias");
+    if (precision_ == Precision::bf16) {
+        k::layernorm_forward_bf16(half(out_half), act(mean), act(rstd), in, w, b, N, C,
+                                  spec_.norm_eps);
+        return nullptr;
+    }
+    k::layernorm_forward(act(out), act(mean), act(rstd), in, w, b, N, C, spec_.norm_eps);
+    return act(out);
+}
+
+float* Transformer::attention_fwd(LayerOffsets& a, int64_t B, int64_t T) {
+    APIARY_PROFILE("attention forward");
+    const int64_t NH = spec_.n_head, KVH = spec_.n_kv_head, HS = spec_.head_size(),
+                  R = spec_.n_embd + 2 * spec_.kv_dim();
+    if (precision_ != Precision::bf16) {
+        k::attention_forward(act(a.atty), act(a.lse), act(a.qkv), B, T, NH, KVH, HS);
+        return act(a.atty);
+    }
+    // q, k, v rounded once (GPT-2's qkv matmul wrote them in bf16 already;
+    // LLaMA's went through RoPE in fp32); the output lands in bf16 as the
+    // next matmul's input.
+    if (spec_.arch != Arch::gpt2) k::to_bf16(half(a.qkv_h), act(a.qkv), B * T * R);
+    k::attention_forward_bf16(half(a.atty_h), act(a.lse), half(a.qkv_h), B, T, NH, KVH, HS);
+    return nullptr;
+}
+
+void Transformer::attention_bwd(LayerOffsets& a, int64_t B, int64_t T) {
+    APIARY_PROFILE("attention backward");
+    const int64_t NH = spec_.n_head, KVH = spec_.n_kv_head, HS = spec_.head_size();
+    if (precision_ != Precision::bf16) {
+        k::attention_backward(dqkv_.f32(), datty_.f32(), act(a.qkv), act(a.atty), act(a.lse), B,
+                              T, NH, KVH, HS);
+    } else {
+        k::attention_backward_bf16(dqkv_.f32(), datty_.f32(), half(a.qkv_h), half(a.atty_h),
+                                   act(a.lse), B, T, NH, KVH, HS);
+    }
+}
+
 void Transformer::block_forward(int l, int64_t B, int64_t T) {
     const int64_t N = B * T, C = spec_.n_embd, F = spec_.ffn_dim(), NH = spec_.n_head,
                   KVH = spec_.n_kv_head, HS = spec_.head_size(), R = C + 2 * spec_.kv_dim();
@@ -75,24 +117,32 @@ void Transformer::block_forward(int l, int64_t B, int64_t T) {
     const float* in = l == 0 ? act(encoded_) : act(layer_[l - 1].res3);
     if (spec_.arch == Arch::gpt2) {
         const std::string p = fmt::format("h.{}.", l);
-        k::layernorm_forward(act(a.norm1), act(a.norm1_mean), act(a.norm1_rstd), in,
-                             param(p + "ln_1.weight"), param(p + "ln_1.bias"), N, C, eps);
-        lin_fwd(act(a.qkv), act(a.norm1), a.norm1_h, p + "attn.c_attn.weight",
-                p + "attn.c_attn.bias", N, C, 3 * C);
-        {
-            APIARY_PROFILE("attention forward");
-            k::attention_forward(act(a.atty), act(a.lse), act(a.qkv), B, T, NH, NH, HS);
+        float* norm1 = layernorm_fwd(a.norm1, a.norm1_h, a.norm1_mean, a.norm1_rstd, in,
+                                     p + "ln_1.", N);
+        if (precision_ == Precision::bf16) {
+            // q, k, v only feed attention's bf16 products: written in bf16.
+            lin_fwd_to_half(a.qkv_h, norm1, a.norm1_h, p + "attn.c_attn.weight",
+                            p + "attn.c_attn.bias", N, C, 3 * C);
+        } else {
+            lin_fwd(act(a.qkv), norm1, a.norm1_h, p + "attn.c_attn.weight", p + "attn.c_attn.bias",
+                    N, C, 3 * C);
         }
-        lin_fwd(act(a.res2), act(a.atty), a.atty_h, p + "attn.c_proj.weight",
-                p + "attn.c_proj.bias", N, C, C);
+        float* atty = attention_fwd(a, B, T);
+        lin_fwd(act(a.res2), atty, a.atty_h, p + "attn.c_proj.weight", p + "attn.c_proj.bias", N,
+                C, C);
         add_to(act(a.res2), in, N * C);
-        k::layernorm_forward(act(a.norm2), act(a.norm2_mean), act(a.norm2_rstd), act(a.res2),
-                             param(p + "ln_2.weight"), param(p + "ln_2.bias"), N, C, eps);
-        lin_fwd(act(a.fc), act(a.norm2), a.norm2_h, p + "mlp.c_fc.weight", p + "mlp.c_fc.bias", N,
-                C, F);
-        k::gelu_forward(act(a.fc_act), act(a.fc), N * F);
-        lin_fwd(act(a.res3), act(a.fc_act), a.fc_act_h, p + "mlp.c_proj.weight",
-                p + "mlp.c_proj.bias", N, F, C);
+        float* norm2 = layernorm_fwd(a.norm2, a.norm2_h, a.norm2_mean, a.norm2_rstd, act(a.res2),
+                                     p + "ln_2.", N);
+        lin_fwd(act(a.fc), norm2, a.norm2_h, p + "mlp.c_fc.weight", p + "mlp.c_fc.bias", N, C, F);
+        float* fc_act = nullptr;  // bf16: gelu writes the next matmul's bf16 input
+        if (precision_ == Precision::bf16) {
+            k::gelu_forward_bf16(half(a.fc_act_h), act(a.fc), N * F);
+        } else {
+            fc_act = act(a.fc_act);
+            k::gelu_forward(fc_act, act(a.fc), N * F);
+        }
+        lin_fwd(act(a.res3), fc_act, a.fc_act_h, p + "mlp.c_proj.weight", p + "mlp.c_proj.bias",
+                N, F, C);
     } else {
         const std::string p = fmt::format("model.layers.{}.", l);
         k::rmsnorm_forward(act(a.norm1), act(a.norm1_rstd), in, param(p + "input_layernorm.weight"),
@@ -100,11 +150,8 @@ void Transformer::block_forward(int l, int64_t B, int64_t T) {
         lin_fwd(act(a.qkv), act(a.norm1), a.norm1_h, p + "self_attn.q_proj.weight", "", N, C, R);
         k::rope_apply(act(a.qkv), rope_cos_.f32(), rope_sin_.f32(), B, T, R, 0, NH, HS, false);
         k::rope_apply(act(a.qkv), rope_cos_.f32(), rope_sin_.f32(), B, T, R, C, KVH, HS, false);
-        {
-            APIARY_PROFILE("attention forward");
-            k::attention_forward(act(a.atty), act(a.lse), act(a.qkv), B, T, NH, KVH, HS);
-        }
-        lin_fwd(act(a.res2), act(a.atty), a.atty_h, p + "self_attn.o_proj.weight", "", N, C, C);
+        float* atty = attention_fwd(a, B, T);
+        lin_fwd(act(a.res2), atty, a.atty_h, p + "self_attn.o_proj.weight", "", N, C, C);
         add_to(act(a.res2), in, N * C);
         k::rmsnorm_forward(act(a.norm2), act(a.norm2_rstd), act(a.res2),
                            param(p + "post_attention_layernorm.weight"), N, C, eps);
@@ -125,19 +172,24 @@ void Transformer::block_backward(int l, int64_t B, int64_t T) {
         const std::string p = fmt::format("h.{}.", l);
         lin_bwd(dfc_act_.f32(), p + "mlp.c_proj.weight", p + "mlp.c_proj.bias", dres,
                 act(a.fc_act), a.fc_act_h, N, F, C);
-        k::gelu_backward(dfc_.f32(), act(a.fc), dfc_act_.f32(), N * F);
-        lin_bwd(dnorm_.f32(), p + "mlp.c_fc.weight", p + "mlp.c_fc.bias", dfc_.f32(), act(a.norm2),
+        const float* dfc = dfc_.f32();
+        if (precision_ == Precision::bf16) {
+            // The gradient goes straight to the matmul's bf16 operand, its
+            // bias gradient summed on the way (lin_bwd takes dy = null).
+            k::gelu_backward_bf16(grad_half_.data<uint16_t>(), grad(p + "mlp.c_fc.bias"),
+                                  act(a.fc), dfc_act_.f32(), N, F);
+            dfc = nullptr;
+        } else {
+            k::gelu_backward(dfc_.f32(), act(a.fc), dfc_act_.f32(), N * F);
+        }
+        lin_bwd(dnorm_.f32(), p + "mlp.c_fc.weight", p + "mlp.c_fc.bias", dfc, act(a.norm2),
                 a.norm2_h, N, C, F);
         k::layernorm_backward(dres, grad(p + "ln_2.weight"), grad(p + "ln_2.bias"), dnorm_.f32(),
                               act(a.res2), param(p + "ln_2.weight"), act(a.norm2_mean),
                               act(a.norm2_rstd), N, C);
         lin_bwd(datty_.f32(), p + "attn.c_proj.weight", p + "attn.c_proj.bias", dres, act(a.atty),
                 a.atty_h, N, C, C);
-        {
-            APIARY_PROFILE("attention backward");
-            k::attention_backward(dqkv_.f32(), datty_.f32(), act(a.qkv), act(a.atty), act(a.lse),
-                                  B, T, NH, NH, HS);
-        }
+        attention_bwd(a, B, T);
         lin_bwd(dnorm_.f32(), p + "attn.c_attn.weight", p + "attn.c_attn.bias", dqkv_.f32(),
                 act(a.norm1), a.norm1_h, N, C, 3 * C);
         k::layernorm_backward(dres, grad(p + "ln_1.weight"), grad(p + "ln_1.bias"), dnorm_.f32(),
@@ -155,11 +207,7 @@ void Transformer::block_backward(int l, int64_t B, int64_t T) {
                             act(a.norm2_rstd), N, C);
         lin_bwd(datty_.f32(), p + "self_attn.o_proj.weight", "", dres, act(a.atty), a.atty_h, N, C,
                 C);
-        {
-            APIARY_PROFILE("attention backward");
-            k::attention_backward(dqkv_.f32(), datty_.f32(), act(a.qkv), act(a.atty), act(a.lse),
-                                  B, T, NH, KVH, HS);
-        }
+        attention_bwd(a, B, T);
         // The rotation's transpose carries the gradient back to pre-RoPE q, k.
         k::rope_apply(dqkv_.f32(), rope_cos_.f32(), rope_sin_.f32(), B, T, R, 0, NH, HS, true);
         k::rope_apply(dqkv_.f32(), rope_cos_.f32(), rope_sin_.f32(), B, T, R, C, KVH, HS, true);

@@ -212,8 +212,11 @@ void Transformer::allocate_activations() {
     encoded_ = take(N * C);
     // In bf16 mode the fp32 norm outputs and MLP activation are only read by
     // the next matmul, which keeps its own bf16 copy: they share one
-    // transient region instead of one per block.
+    // transient region instead of one per block. Likewise the fp32 qkv,
+    // which attention reads only as its bf16 copy, and the attention output,
+    // which attention writes in bf16 directly.
     const int64_t transient = bf16 ? take(N * std::max(C, F)) : 0;
+    const int64_t transient_qkv = bf16 ? take(N * R) : 0;
     int64_t half_cursor = 0;
     auto take_half = [&](int64_t n) {
         const int64_t at = half_cursor;
@@ -225,8 +228,8 @@ void Transformer::allocate_activations() {
         a.norm1 = bf16 ? transient : take(N * C);
         a.norm1_mean = take(N);
         a.norm1_rstd = take(N);
-        a.qkv = take(N * R);
-        a.atty = take(N * C);
+        a.qkv = bf16 ? transient_qkv : take(N * R);
+        a.atty = bf16 ? transient : take(N * C);  // unused in bf16: atty_h holds it
         a.lse = take(max_B_ * NH * max_T_);
         a.res2 = take(N * C);
         a.norm2 = bf16 ? transient : take(N * C);
@@ -237,6 +240,7 @@ void Transformer::allocate_activations() {
         a.res3 = take(N * C);
         if (bf16) {
             a.norm1_h = take_half(N * C);
+            a.qkv_h = take_half(N * R);
             a.atty_h = take_half(N * C);
             a.norm2_h = take_half(N * C);
             a.fc_act_h = take_half(N * F);
@@ -339,7 +343,7 @@ void Transformer::lin_fwd(float* y, float* x, int64_t x_half, const std::string&
             k::linear_forward(y, x, param(w), bias, N, IN, OUT);
             break;
         case Precision::bf16:
-            k::to_bf16(half(x_half), x, N * IN);
+            if (x) k::to_bf16(half(x_half), x, N * IN);
             k::linear_forward_bf16(y, half(x_half), wh(w), bias, N, IN, OUT);
             break;
         case Precision::fp16:
@@ -347,6 +351,15 @@ void Transformer::lin_fwd(float* y, float* x, int64_t x_half, const std::string&
             k::linear_forward(y, x, shadow_.f32() + registry_.get(w).offset, bias, N, IN, OUT);
             break;
     }
+}
+
+void Transformer::lin_fwd_to_half(int64_t y_half, float* x, int64_t x_half, const std::string& w,
+                                  const std::string& b, int64_t N, int64_t IN, int64_t OUT) {
+    APIARY_PROFILE("matmul forward");
+    APIARY_CHECK(precision_ == Precision::bf16, "lin_fwd_to_half is for bf16 mode");
+    if (x) k::to_bf16(half(x_half), x, N * IN);
+    k::linear_forward_bf16_out(half(y_half), half(x_half), wh(w), b.empty() ? nullptr : param(b), N,
+                               IN, OUT);
 }
 
 void Transformer::lin_bwd(float* dx, const std::string& w, const std::string& b, const float* dy,
@@ -358,10 +371,10 @@ void Transformer::lin_bwd(float* dx, const std::string& w, const std::string& b,
             k::linear_backward(dx, grad(w), dbias, dy, x, param(w), N, IN, OUT);
             break;
         case Precision::bf16: {
+            // One pass over dy: its bf16 copy and the bias gradient.
             uint16_t* dyh = grad_half_.data<uint16_t>();
-            k::to_bf16(dyh, dy, N * OUT);
+            if (dy) k::to_bf16_column_sums(dyh, dbias, dy, N, OUT);
             k::linear_backward_bf16(dx, grad(w), dyh, half(x_half), wh(w), N, IN, OUT);
-            if (dbias) k::linear_bias_backward(dbias, dy, N, OUT);
             break;
         }
         case Precision::fp16: {

@@ -135,6 +135,17 @@ public:
     int64_t max_B() const { return max_B_; }
     int64_t max_T() const { return max_T_; }
 
+    // bf16 mode: the bf16 weight copy the matmuls read (null in other
+    // modes), for an optimizer step that writes it as it updates the fp32
+    // weights (AdamW::step's params_bf16). Once such a step has written
+    // every parameter, bf16_weights_written() marks the copy current;
+    // otherwise the next forward casts all the weights again, as after any
+    // mutable params().
+    uint16_t* bf16_weights() {
+        return precision_ == Precision::bf16 ? shadow_.data<uint16_t>() : nullptr;
+    }
+    void bf16_weights_written() { shadow_stale_ = false; }
+
 private:
     struct LayerActs;
     void build_registry(int64_t flat_multiple);
@@ -150,16 +161,33 @@ private:
     void forward_body(const int32_t* tokens, int64_t B, int64_t T);
     void backward_body(const int32_t* tokens, int64_t B, int64_t T);
     void block_forward(int l, int64_t B, int64_t T);
+    struct LayerOffsets;
+    // LayerNorm of the "<prefix>weight" / "bias" parameters into act(out),
+    // returned; in bf16 mode into half(out_half) only (the next matmul's
+    // input), returning null for lin_fwd.
+    float* layernorm_fwd(int64_t out, int64_t out_half, int64_t mean, int64_t rstd,
+                         const float* in, const std::string& prefix, int64_t N);
+    // Attention in the model's precision (fp32 attention for fp16 too: its
+    // emulation is about the matmuls' gradient range). The forward returns
+    // the fp32 output, or null in bf16 mode where it is written to atty_h.
+    float* attention_fwd(LayerOffsets& a, int64_t B, int64_t T);
+    void attention_bwd(LayerOffsets& a, int64_t B, int64_t T);
     void block_backward(int l, int64_t B, int64_t T);
     const float* head_weight() const;
     float* head_grad();
     const std::string& head_name() const;
     const float* param(const std::string& name) const;
     // Matrix multiplies in the model's precision. x is the fp32 input;
-    // x_half the offset of its bf16 copy in arena_half_ (bf16 mode). The
-    // backward takes the same x / x_half the forward saved.
+    // x_half the offset of its bf16 copy in arena_half_ (bf16 mode; x null:
+    // the copy is already there). The backward takes the same x / x_half the
+    // forward saved; in bf16 mode dy null means grad_half_ already holds the
+    // bf16 dy and the bias gradient was added.
     void lin_fwd(float* y, float* x, int64_t x_half, const std::string& w, const std::string& b,
                  int64_t N, int64_t IN, int64_t OUT);
+    // lin_fwd (bf16 mode) whose output goes to half(y_half) in bf16, for an
+    // output only ever read in bf16.
+    void lin_fwd_to_half(int64_t y_half, float* x, int64_t x_half, const std::string& w,
+                         const std::string& b, int64_t N, int64_t IN, int64_t OUT);
     void lin_bwd(float* dx, const std::string& w, const std::string& b, const float* dy,
                  const float* x, int64_t x_half, int64_t N, int64_t IN, int64_t OUT);
     void refresh_shadow();
@@ -195,8 +223,8 @@ private:
     struct LayerOffsets {
         int64_t norm1, norm1_mean, norm1_rstd, qkv, atty, lse, res2, norm2, norm2_mean, norm2_rstd,
             fc, fc_act, res3;
-        // bf16 copies of the matmul inputs (bf16 mode only).
-        int64_t norm1_h = 0, atty_h = 0, norm2_h = 0, fc_act_h = 0;
+        // bf16 copies of the matmul inputs and of q, k, v (bf16 mode only).
+        int64_t norm1_h = 0, qkv_h = 0, atty_h = 0, norm2_h = 0, fc_act_h = 0;
     };
     core::Tensor arena_half_;          // bf16 saved activations
     core::Tensor grad_half_;           // bf16 (or fp16-rounded) copy of an incoming gradient

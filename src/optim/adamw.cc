@@ -13,6 +13,7 @@ namespace k = apiary::kernels;
 AdamW::AdamW(std::vector<ParamRange> ranges, int64_t flat_size, AdamWOptions options,
              int64_t shard_begin, int64_t shard_end)
     : ranges_(std::move(ranges)),
+      flat_size_(flat_size),
       opt_(options),
       begin_(shard_begin),
       end_(shard_end < 0 ? flat_size : shard_end),
@@ -26,8 +27,23 @@ double AdamW::grad_norm(const float* grads) const {
     return std::sqrt(ss);
 }
 
+bool AdamW::updates_all_params() const {
+    if (begin_ != 0 || end_ != flat_size_) return false;
+    // The ranges, sorted, must tile [0, end of the last) with no gap; the
+    // padding after the last parameter is never read as a weight.
+    std::vector<ParamRange> sorted = ranges_;
+    std::sort(sorted.begin(), sorted.end(),
+              [](const ParamRange& a, const ParamRange& b) { return a.offset < b.offset; });
+    int64_t covered = 0;
+    for (const auto& r : sorted) {
+        if (r.offset > covered) return false;
+        covered = std::max(covered, r.offset + r.numel);
+    }
+    return true;
+}
+
 double AdamW::step(float* params, const float* grads, float lr, float grad_scale,
-                   double raw_norm) {
+                   double raw_norm, uint16_t* params_bf16) {
     APIARY_PROFILE("adamw");
     const double norm = (raw_norm >= 0 ? raw_norm : grad_norm(grads)) * grad_scale;
     float scale = grad_scale;
@@ -41,10 +57,18 @@ double AdamW::step(float* params, const float* grads, float lr, float grad_scale
         const int64_t lo = std::max(r.offset, begin_);
         const int64_t hi = std::min(r.offset + r.numel, end_);
         if (lo >= hi) continue;
-        k::adamw_update(params + r.param_at() + (lo - r.offset),
-                        grads + r.grad_at() + (lo - r.offset), m_.f32() + (lo - begin_),
-                        v_.f32() + (lo - begin_), hi - lo, lr, opt_.beta1, opt_.beta2, opt_.eps,
-                        r.decay ? opt_.weight_decay : 0.0f, t_, scale);
+        const float wd = r.decay ? opt_.weight_decay : 0.0f;
+        float* m = m_.f32() + (lo - begin_);
+        float* v = v_.f32() + (lo - begin_);
+        float* p = params + r.param_at() + (lo - r.offset);
+        const float* g = grads + r.grad_at() + (lo - r.offset);
+        if (params_bf16) {
+            k::adamw_update_bf16_copy(p, params_bf16 + r.param_at() + (lo - r.offset), g, m, v,
+                                      hi - lo, lr, opt_.beta1, opt_.beta2, opt_.eps, wd, t_, scale);
+        } else {
+            k::adamw_update(p, g, m, v, hi - lo, lr, opt_.beta1, opt_.beta2, opt_.eps, wd, t_,
+                            scale);
+        }
     }
     return norm;
 }

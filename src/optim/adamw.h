@@ -44,8 +44,16 @@ public:
     // if clipping is on and the scaled norm exceeds grad_clip, scaled down to
     // it. Returns the norm before clipping.
     // raw_norm, if >= 0, is grad_norm(grads) already computed by the caller.
+    // params_bf16, if non-null, is a bf16 copy of params (same flat layout):
+    // every element step() updates is also written there, rounded to
+    // nearest even, in the same pass (bf16 training's weight copy).
     double step(float* params, const float* grads, float lr, float grad_scale = 1.0f,
-                double raw_norm = -1.0);
+                double raw_norm = -1.0, uint16_t* params_bf16 = nullptr);
+    // Whether step() updates every parameter of the flat buffers, so that a
+    // bf16 copy written by it is complete. Not under a sharded optimizer
+    // (ZeRO): there the copy must be cast again after the parameters are
+    // gathered.
+    bool updates_all_params() const;
 
     int64_t step_count() const { return t_; }
     void set_step_count(int64_t t) { t_ = t; }
@@ -58,6 +66,7 @@ public:
 
 private:
     std::vector<ParamRange> ranges_;
+    int64_t flat_size_;
     AdamWOptions opt_;
     int64_t begin_, end_;
     core::Tensor m_, v_;

@@ -540,9 +540,15 @@ TrainSummary Trainer::run(bool append_metrics) {
         const double lr = schedule_.at(step);
         const bool apply = scaler_.update(overflow, step + 1);
         if (apply) {
+            // bf16: the optimizer writes the bf16 weight copy as it goes, when it
+            // updates every parameter (not under ZeRO: there the gather below
+            // marks the copy stale, and it is cast again before the forward).
+            const bool whole = (!dp_ || dp_->zero_stage() == 0) && adam_->updates_all_params();
+            uint16_t* copy = whole ? model_.bf16_weights() : nullptr;
             adam_->step(dp_ ? dp_->optimizer_params() : model_.params(),
                         dp_ ? dp_->optimizer_grads() : model_.grads(), float(lr),
-                        float(1.0 / scale), raw_norm);
+                        float(1.0 / scale), raw_norm, copy);
+            if (copy) model_.bf16_weights_written();
             if (dp_) dp_->gather_parameters();
         } else if (!scaler_.enabled()) {
             throw Error(fmt::format("non-finite gradients at step {} (norm {}): training "

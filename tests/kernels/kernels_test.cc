@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "core/tensor.h"
 #include "kernel_test_util.h"
@@ -336,6 +337,28 @@ TEST(AdamW, MatchesReferenceFormula) {
     EXPECT_LT(rel_error(p, rp), kFwdTol);
 }
 
+// The fused bf16 copy changes nothing in the fp32 update (bit for bit) and
+// writes exactly what a separate to_bf16 of the result would. n crosses the
+// kernel's 2048-element chunks and ends in a partial 16-lane vector.
+TEST(AdamW, Bf16CopyIsTheCastOfTheSameUpdate) {
+    const int n = 2 * 2048 + 37;
+    auto p = random_vec(n, 29), g = random_vec(n, 30);
+    auto p2 = p;
+    std::vector<float> m(n, 0.0f), v(n, 0.0f), m2(n, 0.0f), v2(n, 0.0f);
+    std::vector<uint16_t> copy(n, 0), cast(n);
+    for (int t = 1; t <= 2; ++t) {
+        k::adamw_update(p.data(), g.data(), m.data(), v.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f,
+                        0.1f, t, 0.5f);
+        k::adamw_update_bf16_copy(p2.data(), copy.data(), g.data(), m2.data(), v2.data(), n,
+                                  1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, t, 0.5f);
+    }
+    EXPECT_EQ(std::memcmp(p.data(), p2.data(), n * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(m.data(), m2.data(), n * sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(v.data(), v2.data(), n * sizeof(float)), 0);
+    k::to_bf16(cast.data(), p.data(), n);
+    EXPECT_EQ(copy, cast);
+}
+
 TEST(SumSquares, MatchesReference) {
     const int n = 10007;
     const auto x = random_vec(n, 28);
@@ -373,6 +396,10 @@ TEST(Bf16, LinearForwardAndBackwardMatchReferenceOnBf16Inputs) {
     k::linear_forward_bf16(y.data(), xh.data(), wh.data(), b.data(), N, IN, OUT);
     const auto x64 = f64_of(xh), w64 = f64_of(wh), dy64 = f64_of(dyh);
     EXPECT_LT(rel_error(y, ref_linear(x64, w64, to_f64(b), N, IN, OUT)), kFwdTol);
+    // With a bf16 output: the same sums, rounded as to_bf16 rounds.
+    std::vector<uint16_t> yh(N * OUT);
+    k::linear_forward_bf16_out(yh.data(), xh.data(), wh.data(), b.data(), N, IN, OUT);
+    EXPECT_EQ(yh, bf16_of(y));
     std::vector<float> dx(N * IN), dw(OUT * IN, 0.0f);
     k::linear_backward_bf16(dx.data(), dw.data(), dyh.data(), xh.data(), wh.data(), N, IN, OUT);
     std::vector<double> rdx(N * IN, 0.0), rdw(OUT * IN, 0.0);
@@ -384,6 +411,111 @@ TEST(Bf16, LinearForwardAndBackwardMatchReferenceOnBf16Inputs) {
             }
     EXPECT_LT(rel_error(dx, rdx), kFwdTol);
     EXPECT_LT(rel_error(dw, rdw), kFwdTol);
+}
+
+namespace {
+
+// The bf16 head against fp64 on the bf16 h and W (exact in fp64), with the
+// gradient written analytically: (softmax - onehot) * scale. Tolerances: the
+// loss comes from fp32 logits (1e-5); the gradients go through the
+// bf16-rounded logit gradients (bf16's unit roundoff is 2^-8 = 3.9e-3):
+// measured 2.4e-3 (dh) and 3.9e-4 (dW, which sums over 1000 rows) when
+// written; tolerances 6e-3 and 2e-3.
+void check_head_bf16(int N, int C, int V) {
+    const auto hh = bf16_of(random_vec(N * C, 55, 2.0f)), Wh = bf16_of(random_vec(V * C, 56));
+    const auto h64 = f64_of(hh), W64 = f64_of(Wh);
+    std::vector<int32_t> tgt(N);
+    for (int n = 0; n < N; ++n) tgt[n] = n % 11 == 3 ? -1 : (n * 7919) % V;
+    std::vector<float> scratch(k::lm_head_scratch_floats(N, V));
+    std::vector<uint16_t> scratch_h(k::lm_head_scratch_bf16(N, V));
+    std::vector<float> dh(N * C, 5.0f), dW(V * C, 1.0f);
+    int64_t valid = 0;
+    const float scale = 1.0f / 1000;
+    const double loss = k::lm_head_cross_entropy_bf16(
+        hh.data(), Wh.data(), tgt.data(), N, C, V, scale, dh.data(), dW.data(), &valid,
+        scratch.data(), int64_t(scratch.size()), scratch_h.data());
+    int masked = 0;
+    for (int32_t t : tgt) masked += t < 0;
+    EXPECT_EQ(valid, N - masked);
+    const double ref = ref_ce(h64, W64, tgt, N, C, V);
+    EXPECT_NEAR(loss, ref, 1e-5 * std::fabs(ref));
+    std::vector<double> rdh(N * C, 0.0), rdW(V * C, 0.0);
+    for (int n = 0; n < N; ++n) {
+        if (tgt[n] < 0) continue;
+        std::vector<double> lg(V);
+        double mx = -1e300, se = 0;
+        for (int v = 0; v < V; ++v) {
+            for (int c = 0; c < C; ++c) lg[v] += h64[n * C + c] * W64[v * C + c];
+            mx = std::max(mx, lg[v]);
+        }
+        for (int v = 0; v < V; ++v) se += std::exp(lg[v] - mx);
+        for (int v = 0; v < V; ++v) {
+            const double g = (std::exp(lg[v] - mx) / se - (v == tgt[n])) * scale;
+            for (int c = 0; c < C; ++c) {
+                rdh[n * C + c] += g * W64[v * C + c];
+                rdW[v * C + c] += g * h64[n * C + c];
+            }
+        }
+    }
+    EXPECT_LT(rel_error(dh, rdh), 6e-3);
+    // dW accumulates onto its initial 1: compare what was added.
+    for (auto& w : dW) w -= 1.0f;
+    EXPECT_LT(rel_error(dW, rdW), 2e-3);
+    // Masked rows: no gradient flows into their hidden states.
+    for (int c = 0; c < C; ++c) EXPECT_EQ(dh[3 * C + c], 0.0f);
+}
+
+}  // namespace
+
+// N = 1100 spans three 512-row blocks, a partial 16-row tile and two dW
+// passes (1024 rows each); V = 37 ends in a partial 16-column tile.
+TEST(Bf16, LmHeadCrossEntropyMatchesReference) { check_head_bf16(1100, 24, 37); }
+// A vocabulary past the dW GEMM's 16384-row chunks.
+TEST(Bf16, LmHeadCrossEntropyOverVocabularyChunks) { check_head_bf16(40, 8, 16384 + 21); }
+
+// The kernels that write a bf16 matmul operand directly. GELU and the casts
+// use the fp32 kernels' formulas and to_bf16's rounding: equal bit for bit to
+// the fp32 kernel followed by to_bf16 (and the column sums equal to
+// linear_bias_backward's, added in the same order). Shapes cross the 16-lane
+// vectors and 64-column blocks.
+TEST(Bf16, GeluAndCastsEqualFp32KernelThenCast) {
+    const int N = 37, W = 100;
+    const auto x = random_vec(N * W, 57, 2.0f), d = random_vec(N * W, 58);
+    std::vector<float> y(N * W), dx(N * W), sums(W, 0.5f), sums_ref(W, 0.5f);
+    std::vector<uint16_t> got(N * W);
+    k::gelu_forward(y.data(), x.data(), N * W);
+    k::gelu_forward_bf16(got.data(), x.data(), N * W);
+    EXPECT_EQ(got, bf16_of(y));
+    k::gelu_backward(dx.data(), x.data(), d.data(), N * W);
+    k::gelu_backward_bf16(got.data(), sums.data(), x.data(), d.data(), N, W);
+    k::linear_bias_backward(sums_ref.data(), dx.data(), N, W);
+    EXPECT_EQ(got, bf16_of(dx));
+    EXPECT_EQ(sums, sums_ref);
+    k::to_bf16_column_sums(got.data(), sums.data(), d.data(), N, W);
+    k::linear_bias_backward(sums_ref.data(), d.data(), N, W);
+    EXPECT_EQ(got, bf16_of(d));
+    EXPECT_EQ(sums, sums_ref);
+}
+
+// LayerNorm with a bf16 output: statistics against fp64 at fp32 accuracy,
+// the output within bf16 rounding (unit roundoff 2^-8 = 3.9e-3; measured
+// 2.8e-3 of the largest output when written).
+TEST(Bf16, LayerNormForwardMatchesReference) {
+    const int N = 5, C = 83;
+    const float eps = 1e-5f;
+    const auto x = random_vec(N * C, 59, 3.0f), w = random_vec(C, 60), b = random_vec(C, 61);
+    std::vector<uint16_t> y(N * C);
+    std::vector<float> mean(N), rstd(N), mean32(N), rstd32(N), y32(N * C);
+    k::layernorm_forward_bf16(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N,
+                              C, eps);
+    const auto ref = ref_layernorm(to_f64(x), to_f64(w), to_f64(b), N, C, eps);
+    std::vector<float> yf(N * C);
+    for (int i = 0; i < N * C; ++i) yf[i] = apiary::core::bf16_to_f32(y[i]);
+    EXPECT_LT(rel_error(yf, ref), 5e-3);
+    k::layernorm_forward(y32.data(), mean32.data(), rstd32.data(), x.data(), w.data(), b.data(), N,
+                         C, eps);
+    EXPECT_LT(rel_error(mean, to_f64(mean32)), kFwdTol);
+    EXPECT_LT(rel_error(rstd, to_f64(rstd32)), kFwdTol);
 }
 
 TEST(F16Emulation, RoundsToTheHalfGridAndOverflowsToInf) {

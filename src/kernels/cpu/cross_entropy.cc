@@ -6,7 +6,14 @@
 // vocabulary chunks (a vocabulary-chunked backward must recompute every chunk
 // after the log-sum-exp is known: a third more head FLOPs). The forward-only
 // path (evaluation) does stream over vocabulary chunks with an online
-// log-sum-exp, holding (rows x chunk).
+// log-sum-exp, holding (rows x chunk). The bf16 path rounds the logit
+// gradients to bf16 transposed, (V, rows), in the same pass that computes
+// them, and adds them into dW once per 1024 rows.
+
+// GCC 12 warns inside its own AVX-512 intrinsics (a known false positive on
+// the unused upper half of a mask register), as in matmul_bf16.cc.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -25,7 +32,6 @@ constexpr int64_t kRows = 512;
 }
 
 int64_t lm_head_scratch_floats(int64_t N, int64_t V) { return std::min(N, kRows) * V; }
-int64_t lm_head_scratch_bf16(int64_t N, int64_t V) { return 2 * std::min(N, kRows) * V; }
 
 namespace {
 
@@ -62,22 +68,6 @@ void softmax_xent_block(float* logits, const int32_t* targets, int64_t rn, int64
     *count += block_count;
 }
 
-// dst (cols, rows) = src (rows, cols)^T in 32 x 32 tiles (cache-friendly on
-// both sides), parallel over column tiles.
-void transpose_u16(uint16_t* dst, const uint16_t* src, int64_t rows, int64_t cols) {
-    constexpr int64_t kTile = 32;
-#pragma omp parallel for schedule(static)
-    for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
-        const int64_t c1 = std::min(cols, c0 + kTile);
-        for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
-            const int64_t r1 = std::min(rows, r0 + kTile);
-            for (int64_t c = c0; c < c1; ++c) {
-                for (int64_t r = r0; r < r1; ++r) dst[c * rows + r] = src[r * cols + c];
-            }
-        }
-    }
-}
-
 }  // namespace
 
 double lm_head_cross_entropy(const float* h, const float* W, const int32_t* targets, int64_t N,
@@ -102,14 +92,153 @@ double lm_head_cross_entropy(const float* h, const float* W, const int32_t* targ
     return loss_sum;
 }
 
+namespace {
+
+// The bf16 head keeps the logit gradients of up to this many rows, transposed
+// (V, rows), and multiplies them into dW once: one pass over the fp32 dW
+// (V, C) per kDwRows rows instead of one per kRows-row block.
+constexpr int64_t kDwRows = 1024;
+constexpr int64_t kDwVocabChunk = 16384;
+
+// In place 16 x 16 transpose: r[i] holds row i on entry, column i on exit.
+void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {
+        const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
+        const __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+    }
+    for (int i = 0; i < 2; ++i) {
+        for (int j = 0; j < 4; ++j) {
+            t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
+            t[8 * i + 4 + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0xdd);
+        }
+    }
+    for (int j = 0; j < 8; ++j) {
+        r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
+        r[j + 8] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xdd);
+    }
+}
+
+__mmask16 first_lanes(int64_t n) {
+    return _cvtu32_mask16(n >= 16 ? 0xFFFFu : n > 0 ? (1u << n) - 1u : 0u);
+}
+
+// Each row's log-sum-exp (lse) and gradient factor (grad_scale, or 0 for a
+// row whose target is < 0), and the block's loss: the first two passes of
+// softmax_xent_block.
+void row_statistics(const float* logits, const int32_t* targets, int64_t rn, int64_t V,
+                    float grad_scale, float* lse, float* factor, double* loss_sum, int64_t* count) {
+    double block_loss = 0.0;
+    int64_t block_count = 0;
+#pragma omp parallel for schedule(static) reduction(+ : block_loss, block_count)
+    for (int64_t r = 0; r < rn; ++r) {
+        // Written out: GCC does not vectorise a float max reduction without
+        // -ffast-math, and the scalar loop took most of this pass. The
+        // second pass reads the row (200 KB for GPT-2) from L2.
+        const float* row = logits + r * V;
+        const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+        const int64_t full = V / 16 * 16;
+        const __mmask16 tail = first_lanes(V - full);
+        __m512 mx = _mm512_mask_loadu_ps(neg_inf, tail, row + full);
+        for (int64_t v = 0; v < full; v += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(row + v));
+        const float m = _mm512_reduce_max_ps(mx);
+        const __m512 mv = _mm512_set1_ps(m);
+        __m512 sum = _mm512_maskz_mov_ps(
+            tail, detail::fast_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, row + full), mv)));
+        for (int64_t v = 0; v < full; v += 16) {
+            sum =
+                _mm512_add_ps(sum, detail::fast_exp16(_mm512_sub_ps(_mm512_loadu_ps(row + v), mv)));
+        }
+        lse[r] = m + std::log(_mm512_reduce_add_ps(sum));
+        factor[r] = targets[r] < 0 ? 0.0f : grad_scale;
+        if (targets[r] < 0) continue;
+        block_loss += double(lse[r]) - double(row[targets[r]]);
+        block_count += 1;
+    }
+    *loss_sum += block_loss;
+    *count += block_count;
+}
+
+// The softmax gradient's last pass fused with its bf16 rounding and its
+// transpose: dl_t[v * ld + r] = bf16((exp(logit[r][v] - lse[r]) - [v ==
+// target[r]]) * factor[r]) for r < rn, 16 x 16 tiles at a time. The
+// transposed layout is the one both backward GEMMs read (dW as its left
+// operand; dh, faster with oneDNN than from the row-major copy, transposed).
+void gradient_transposed(const float* logits, const int32_t* targets, const float* lse,
+                         const float* factor, int64_t rn, int64_t V, uint16_t* dl_t, int64_t ld) {
+    // Chunks of 256 columns, rows in groups of 16 within a chunk: reads 16
+    // rows x 1 KB at a time, and the chunk's 256 output rows (rn x 2 bytes
+    // each) stay in cache until full. Tile by tile over all rows instead
+    // streams 512 rows at once, more than the prefetchers follow (2x slower).
+    constexpr int64_t kChunk = 256;
+    const int64_t chunks = (V + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static)
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+        const int64_t c1 = std::min(V, (chunk + 1) * kChunk);
+        for (int64_t r0 = 0; r0 < rn; r0 += 16) {
+            for (int64_t v0 = chunk * kChunk; v0 < c1; v0 += 16) {
+                const __mmask16 cols = first_lanes(V - v0);
+                __m512 x[16];
+                for (int i = 0; i < 16; ++i) {
+                    const int64_t r = r0 + i;
+                    if (r >= rn) {
+                        x[i] = _mm512_setzero_ps();
+                        continue;
+                    }
+                    // Unmasked but for the last, partial tile: masked loads
+                    // are 2x slower on this machine.
+                    const float* src = logits + r * V + v0;
+                    const __m512 z = _mm512_sub_ps(
+                        cols == 0xFFFF ? _mm512_loadu_ps(src) : _mm512_maskz_loadu_ps(cols, src),
+                        _mm512_set1_ps(lse[r]));
+                    __m512 p = _mm512_mul_ps(detail::fast_exp16(z), _mm512_set1_ps(factor[r]));
+                    const int64_t t = targets[r] - v0;
+                    if (t >= 0 && t < 16) {
+                        p = _mm512_mask_sub_ps(p, __mmask16(1u << t), p, _mm512_set1_ps(factor[r]));
+                    }
+                    x[i] = p;
+                }
+                transpose16(x);
+                const __mmask16 rows = first_lanes(rn - r0);
+                for (int j = 0; j < 16 && v0 + j < V; ++j) {
+                    const __m256i h = (__m256i)_mm512_cvtneps_pbh(x[j]);
+                    uint16_t* dst = dl_t + (v0 + j) * ld + r0;
+                    if (rows == 0xFFFF) {
+                        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), h);
+                    } else {
+                        _mm256_mask_storeu_epi16(dst, rows, h);
+                    }
+                }
+            }
+        }
+    }
+}
+
+}  // namespace
+
+int64_t lm_head_scratch_bf16(int64_t N, int64_t V) { return std::min(N, kDwRows) * V; }
+
 double lm_head_cross_entropy_bf16(const uint16_t* h, const uint16_t* W, const int32_t* targets,
                                   int64_t N, int64_t C, int64_t V, float grad_scale, float* dh,
-                                  float* dW, int64_t* valid, float* scratch,
-                                  int64_t scratch_floats, uint16_t* scratch_bf16) {
+                                  float* dW, int64_t* valid, float* scratch, int64_t scratch_floats,
+                                  uint16_t* scratch_bf16) {
     const int64_t rows = std::min(N, kRows);
-    APIARY_CHECK(scratch_floats >= rows * V, "lm_head_cross_entropy_bf16: scratch of {} floats, needs {}", scratch_floats, rows * V);
+    const int64_t ld = std::min(N, kDwRows);  // columns of the transposed logit gradients
+    APIARY_CHECK(scratch_floats >= rows * V,
+                 "lm_head_cross_entropy_bf16: scratch of {} floats, needs {}", scratch_floats,
+                 rows * V);
     double loss_sum = 0.0;
     int64_t count = 0;
+    std::vector<float> lse(static_cast<size_t>(rows)), factor(static_cast<size_t>(rows));
+    int64_t pending = 0;  // rows whose gradients in scratch_bf16 are not yet in dW
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
         const int64_t rn = std::min(rows, N - r0);
         float* logits = scratch;
@@ -119,28 +248,32 @@ double lm_head_cross_entropy_bf16(const uint16_t* h, const uint16_t* W, const in
         }
         {
             APIARY_PROFILE("head: softmax");
-            softmax_xent_block(logits, targets + r0, rn, V, grad_scale, dh != nullptr, &loss_sum,
-                               &count);
+            row_statistics(logits, targets + r0, rn, V, grad_scale, lse.data(), factor.data(),
+                           &loss_sum, &count);
         }
-        if (dh) {
-            // The logit gradients go back through bf16 matmuls like any other.
-            {
-                APIARY_PROFILE("head: to bf16");
-                to_bf16(scratch_bf16, logits, rn * V);
-            }
-            {
-                APIARY_PROFILE("head: dh gemm");
-                gemm_bf16(false, false, rn, C, V, scratch_bf16, V, W, C, 0.0f, dh + r0 * C, C);
-            }
-            // oneDNN's bf16 matmul is 2x slower on a transposed (strided)
-            // operand than the explicit transpose costs.
-            uint16_t* dlogits_t = scratch_bf16 + rn * V;  // (V, rn)
-            {
-                APIARY_PROFILE("head: transpose");
-                transpose_u16(dlogits_t, scratch_bf16, rn, V);
-            }
+        if (!dh) continue;
+        // The logit gradients go back through bf16 matmuls like any other.
+        uint16_t* dl_t = scratch_bf16 + pending;  // (V, rn) at leading dimension ld
+        {
+            APIARY_PROFILE("head: gradient to bf16");
+            gradient_transposed(logits, targets + r0, lse.data(), factor.data(), rn, V, dl_t, ld);
+        }
+        {
+            APIARY_PROFILE("head: dh gemm");
+            gemm_bf16(true, false, rn, C, V, dl_t, ld, W, C, 0.0f, dh + r0 * C, C);
+        }
+        pending += rn;
+        if (pending + rows > ld || r0 + rn == N) {
             APIARY_PROFILE("head: dW gemm");
-            gemm_bf16(false, false, V, C, rn, dlogits_t, rn, h + r0 * C, C, 1.0f, dW, C);
+            // In vocabulary chunks: oneDNN runs this GEMM 25% faster as
+            // 16384-row pieces than as one (V, C) product (measured, 1 and
+            // 2 threads).
+            const uint16_t* h_rows = h + (r0 + rn - pending) * C;
+            for (int64_t v0 = 0; v0 < V; v0 += kDwVocabChunk) {
+                gemm_bf16(false, false, std::min(kDwVocabChunk, V - v0), C, pending,
+                          scratch_bf16 + v0 * ld, ld, h_rows, C, 1.0f, dW + v0 * C, C);
+            }
+            pending = 0;
         }
     }
     if (valid) *valid = count;

@@ -15,6 +15,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <chrono>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "core/tensor.h"
@@ -27,7 +28,9 @@ namespace apiary::kernels {
 
 namespace {
 
-using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+// (trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, bias, bf16 output)
+using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+                       bool, bool>;
 
 struct Cache {
     dnnl::engine engine{dnnl::engine::kind::cpu, 0};
@@ -41,16 +44,17 @@ Cache& cache() {
     return c;
 }
 
-}  // namespace
-
-void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
-               int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+// C (M, N) = op(A) op(B) (+ C when beta = 1) (+ bias (N) broadcast over rows);
+// C is fp32, or bf16 (rounded to nearest even) when c_bf16.
+void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
+                 int64_t lda, const uint16_t* B, int64_t ldb, float beta, const float* bias,
+                 void* C, int64_t ldc, bool c_bf16 = false) {
     if (M == 0 || N == 0) return;
     APIARY_CHECK(beta == 0.0f || beta == 1.0f, "gemm_bf16: beta must be 0 or 1, got {}", beta);
     using dt = dnnl::memory::data_type;
     using dims = dnnl::memory::dims;
     Cache& c = cache();
-    const Key key{trans_a, trans_b, M, N, K, lda, ldb, ldc, beta == 1.0f};
+    const Key key{trans_a, trans_b, M, N, K, lda, ldb, ldc, beta == 1.0f, bias != nullptr, c_bf16};
     const dnnl::matmul* prim;
     const dnnl::matmul::primitive_desc* pd;
     {
@@ -60,14 +64,19 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
             // Transposes are expressed as strides of a plain 2-D descriptor.
             const dnnl::memory::desc a_md({M, K}, dt::bf16, trans_a ? dims{1, lda} : dims{lda, 1});
             const dnnl::memory::desc b_md({K, N}, dt::bf16, trans_b ? dims{1, ldb} : dims{ldb, 1});
-            const dnnl::memory::desc c_md({M, N}, dt::f32, dims{ldc, 1});
+            const dnnl::memory::desc c_md({M, N}, c_bf16 ? dt::bf16 : dt::f32, dims{ldc, 1});
             dnnl::primitive_attr attr;
             if (beta == 1.0f) {
                 dnnl::post_ops po;
                 po.append_sum(1.0f);
                 attr.set_post_ops(po);
             }
-            dnnl::matmul::primitive_desc p(dnnl::matmul::desc(a_md, b_md, c_md), attr, c.engine);
+            const auto desc = bias ? dnnl::matmul::desc(a_md, b_md,
+                                                        dnnl::memory::desc({1, N}, dt::f32,
+                                                                           dims{N, 1}),
+                                                        c_md)
+                                   : dnnl::matmul::desc(a_md, b_md, c_md);
+            dnnl::matmul::primitive_desc p(desc, attr, c.engine);
             it = c.prims.emplace(key, std::make_pair(dnnl::matmul(p), p)).first;
         }
         prim = &it->second.first;
@@ -76,8 +85,21 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
     dnnl::memory a(pd->src_desc(), c.engine, const_cast<uint16_t*>(A));
     dnnl::memory b(pd->weights_desc(), c.engine, const_cast<uint16_t*>(B));
     dnnl::memory d(pd->dst_desc(), c.engine, C);
-    prim->execute(c.stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, d}});
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, d}};
+    if (bias) {
+        args.emplace(DNNL_ARG_BIAS,
+                     dnnl::memory(pd->bias_desc(), c.engine, const_cast<float*>(bias)));
+    }
+    prim->execute(c.stream, args);
     c.stream.wait();
+}
+
+}  // namespace
+
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
+               int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+    matmul_bf16(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, nullptr, C, ldc);
 }
 
 void to_bf16(uint16_t* dst, const float* src, int64_t n) {
@@ -120,13 +142,13 @@ void copy_round_to_f16(float* dst, const float* src, int64_t n) {
 
 void linear_forward_bf16(float* y, const uint16_t* x, const uint16_t* weight, const float* bias,
                          int64_t N, int64_t IN, int64_t OUT) {
-    if (bias) {
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < N; ++i) {
-            for (int64_t o = 0; o < OUT; ++o) y[i * OUT + o] = bias[o];
-        }
-    }
-    gemm_bf16(false, true, N, OUT, IN, x, IN, weight, IN, bias ? 1.0f : 0.0f, y, OUT);
+    // The bias goes in as oneDNN's bias argument: no pass over y before the GEMM.
+    matmul_bf16(false, true, N, OUT, IN, x, IN, weight, IN, 0.0f, bias, y, OUT);
+}
+
+void linear_forward_bf16_out(uint16_t* y, const uint16_t* x, const uint16_t* weight,
+                             const float* bias, int64_t N, int64_t IN, int64_t OUT) {
+    matmul_bf16(false, true, N, OUT, IN, x, IN, weight, IN, 0.0f, bias, y, OUT, true);
 }
 
 void linear_backward_bf16(float* dx, float* dweight, const uint16_t* dy, const uint16_t* x,

@@ -166,7 +166,9 @@ TEST_F(Ddp, ModelStateMemoryFollowsTheZeroFormulas) {
             EXPECT_EQ(have, memory(name)["model_state_formula_bytes"].get<int64_t>())
                 << name << ": " << memory(name).dump();
             if (stage == 0) stage0 = have;
-            if (stage > 0) EXPECT_LT(have, previous) << name;
+            if (stage > 0) {
+                EXPECT_LT(have, previous) << name;
+            }
             previous = have;
         }
         // Stage 3 keeps 1/N of the model state plus two blocks' lent buffers.

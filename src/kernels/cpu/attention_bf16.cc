@@ -28,7 +28,6 @@
 #include <limits>
 #include <vector>
 
-#include "core/tensor.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/kernels.h"
 

@@ -150,6 +150,11 @@ public:
                                   "debug.inject_overflow_steps")),
           dp_size_(dp_group ? dp_group->size() : 1),
           dp_rank_(dp_group ? dp_group->rank() : 0),
+          // Measured before the data is prepared: a first run's tokenizer
+          // training and shard writes would otherwise share the cores with
+          // the measurement and make MFU read several times too high.
+          peak_(precision_ == model::Precision::bf16 ? kernels::measure_gemm_bf16_peak_flops(0.2)
+                                                     : kernels::measure_gemm_peak_flops(0.2)),
           train_data_(make_loader(c, data, dp_group, "train")),
           val_data_(make_loader(c, data, dp_group, "val")),
           val_start_(val_data_->state()),
@@ -378,6 +383,7 @@ private:
     model::Precision precision_;
     std::set<int64_t> inject_;
     int dp_size_, dp_rank_;
+    double peak_;  // matmul FLOP/s of one rank in the run's precision
     std::unique_ptr<data::Loader> train_data_, val_data_;
     nlohmann::json val_start_;  // every evaluation reads the same held-out windows
     LrSchedule schedule_;
@@ -435,9 +441,7 @@ TrainSummary Trainer::run(bool append_metrics) {
     open_rank_log(append_metrics);
     std::optional<MetricsLog> metrics;
     if (main_rank()) metrics.emplace((fs::path(run_dir_) / "metrics.jsonl").string(), append_metrics);
-    const double peak = precision_ == model::Precision::bf16
-                            ? kernels::measure_gemm_bf16_peak_flops(0.2)
-                            : kernels::measure_gemm_peak_flops(0.2);
+    const double peak = peak_;
     const int64_t tokens_per_step = B_ * T_ * accum_ * dp_size_;  // at the full shape
     say("apiary train: {} model, {:.2f}M parameters, {} layers, C={}, V={}, {}\n",
                core::arch_name(spec_.arch), double(spec_.num_params()) / 1e6, spec_.n_layer,

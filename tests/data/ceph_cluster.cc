@@ -1,5 +1,7 @@
 #include "ceph_cluster.h"
 
+#include "test_util.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -28,28 +30,6 @@ constexpr const char* kBinaries[] = {"/usr/bin/ceph-mon", "/usr/bin/ceph-osd",
                                      "/usr/bin/radosgw",  "/usr/bin/radosgw-admin",
                                      "/usr/bin/ceph",     "/usr/bin/monmaptool"};
 
-int free_port() {
-    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-    socklen_t len = sizeof(a);
-    ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-    ::close(s);
-    return ntohs(a.sin_port);
-}
-
-bool can_connect(int port) {
-    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    const bool ok = ::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-    ::close(s);
-    return ok;
-}
 
 std::string tail(const std::string& path, size_t lines) {
     std::ifstream in(path);

@@ -24,6 +24,7 @@ namespace {
 
 using testing::ScopedEnv;
 using testing::TempDir;
+using testing::free_port;
 
 // The message of the ConfigError that f throws ("" when none).
 template <class F>
@@ -191,17 +192,7 @@ TEST(S3Url, SourceListsKeepS3UrlsWhole) {
     EXPECT_EQ(s[2].path, "s3://bkt");
 }
 
-int closed_port() {
-    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-    socklen_t len = sizeof(a);
-    ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-    ::close(s);
-    return ntohs(a.sin_port);
-}
+int closed_port() { return free_port(); }  // nothing listens there once found
 
 TEST(S3Cache, MissingCredentialsAreAConfigErrorAtTheFirstS3Url) {
     TempDir tmp("s3_nocreds");

@@ -53,4 +53,9 @@ std::vector<uint32_t> read_u32(const std::string& path);
 void write_text(const std::string& path, const std::string& text);
 std::string read_file_text(const std::string& path);
 
+// A loopback TCP port that was free a moment ago (for servers a test starts).
+int free_port();
+// Whether something accepts connections on that loopback port.
+bool can_connect(int port);
+
 }  // namespace apiary::data::testing

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cstring>
@@ -43,7 +44,11 @@ void write_all(int fd, const void* p, size_t n, const std::string& path) {
 
 }  // namespace
 
-static void atomic_write_parts(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts) {
+static FileDigest atomic_write_parts(const std::string& path,
+                                     const std::vector<std::pair<const void*, size_t>>& parts) {
+    XXH64_state_t* state = XXH64_createState();
+    XXH64_reset(state, 0);
+    FileDigest digest;
     const fs::path target(path);
     const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
     const std::string tmp = (dir / fmt::format(".{}.tmp", target.filename().string())).string();
@@ -52,15 +57,22 @@ static void atomic_write_parts(const std::string& path, const std::vector<std::p
         throw IoError(fmt::format("{}: cannot create: {}", tmp, std::strerror(errno)));
     }
     try {
-        for (const auto& [p, n] : parts) write_all(fd, p, n, tmp);
+        for (const auto& [p, n] : parts) {
+            write_all(fd, p, n, tmp);
+            XXH64_update(state, p, n);
+            digest.bytes += n;
+        }
         if (::fsync(fd) != 0) {
             throw IoError(fmt::format("{}: fsync failed: {}", tmp, std::strerror(errno)));
         }
     } catch (...) {
+        XXH64_freeState(state);
         ::close(fd);
         ::unlink(tmp.c_str());
         throw;
     }
+    digest.xxh64 = XXH64_digest(state);
+    XXH64_freeState(state);
     ::close(fd);
     if (::rename(tmp.c_str(), path.c_str()) != 0) {
         ::unlink(tmp.c_str());
@@ -71,20 +83,47 @@ static void atomic_write_parts(const std::string& path, const std::vector<std::p
         ::fsync(dfd);
         ::close(dfd);
     }
+    return digest;
 }
 
-void atomic_write(const std::string& path, const void* bytes, size_t n) {
-    atomic_write_parts(path, {{bytes, n}});
+FileDigest atomic_write(const std::string& path, const void* bytes, size_t n) {
+    return atomic_write_parts(path, {{bytes, n}});
 }
 
-void write_safetensors(const std::string& path, const std::vector<TensorEntry>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+FileDigest digest_file(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw IoError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+    XXH64_state_t* state = XXH64_createState();
+    XXH64_reset(state, 0);
+    FileDigest d;
+    std::vector<char> buf(size_t(4) << 20);
+    for (;;) {
+        const ssize_t n = ::read(fd, buf.data(), buf.size());
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            const int err = errno;
+            XXH64_freeState(state);
+            ::close(fd);
+            throw IoError(fmt::format("{}: read failed: {}", path, std::strerror(err)));
+        }
+        if (n == 0) break;
+        XXH64_update(state, buf.data(), size_t(n));
+        d.bytes += uint64_t(n);
+    }
+    d.xxh64 = XXH64_digest(state);
+    XXH64_freeState(state);
+    ::close(fd);
+    return d;
+}
+
+FileDigest write_safetensors(const std::string& path, const std::vector<TensorEntry>& tensors,
+                             const std::map<std::string, std::string>& metadata) {
     json header = json::object();
     if (!metadata.empty()) header["__metadata__"] = metadata;
     size_t offset = 0;
     for (const auto& t : tensors) {
-        header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape},
-                          {"data_offsets", {offset, offset + t.nbytes}}};
+        header[t.name] = {
+            {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes}}};
         offset += t.nbytes;
     }
     std::string h = header.dump();
@@ -93,7 +132,7 @@ void write_safetensors(const std::string& path, const std::vector<TensorEntry>& 
     const uint64_t hlen = h.size();
     std::vector<std::pair<const void*, size_t>> parts = {{&hlen, 8}, {h.data(), h.size()}};
     for (const auto& t : tensors) parts.emplace_back(t.data, t.nbytes);
-    atomic_write_parts(path, parts);
+    return atomic_write_parts(path, parts);
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
@@ -110,24 +149,26 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     uint64_t hlen = 0;
     std::memcpy(&hlen, bytes_.data(), 8);
     if (hlen > size - 8 || hlen > (100u << 20)) {
-        throw IoError(fmt::format("{}: header length {} at byte 0 exceeds the file ({} bytes): "
-                                  "not a safetensors file, or truncated",
-                                  path, hlen, size));
+        throw IoError(
+            fmt::format("{}: header length {} at byte 0 exceeds the file ({} bytes): "
+                        "not a safetensors file, or truncated",
+                        path, hlen, size));
     }
     data_start_ = 8 + hlen;
     json header;
     try {
         header = json::parse(bytes_.begin() + 8, bytes_.begin() + long(data_start_));
     } catch (const json::parse_error& e) {
-        throw IoError(fmt::format("{}: header is not valid JSON (byte {}): {}", path,
-                                  8 + e.byte, e.what()));
+        throw IoError(
+            fmt::format("{}: header is not valid JSON (byte {}): {}", path, 8 + e.byte, e.what()));
     }
     if (!header.is_object()) throw IoError(fmt::format("{}: header is not a JSON object", path));
     const size_t data_size = size - data_start_;
     std::vector<std::pair<size_t, size_t>> ranges;
     for (const auto& [name, v] : header.items()) {
         if (name == "__metadata__") {
-            if (!v.is_object()) throw IoError(fmt::format("{}: __metadata__ is not an object", path));
+            if (!v.is_object())
+                throw IoError(fmt::format("{}: __metadata__ is not an object", path));
             for (const auto& [mk, mv] : v.items()) {
                 if (!mv.is_string()) {
                     throw IoError(fmt::format("{}: metadata '{}' is not a string", path, mk));
@@ -162,7 +203,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
             ranges.emplace_back(offs[0], offs[1]);
             entries_[name] = std::move(e);
         } catch (const json::exception& ex) {
-            throw IoError(fmt::format("{}: tensor '{}': malformed entry: {}", path, name, ex.what()));
+            throw IoError(
+                fmt::format("{}: tensor '{}': malformed entry: {}", path, name, ex.what()));
         } catch (const IoError& ex) {
             throw IoError(fmt::format("{}: tensor '{}': {}", path, name, ex.what()));
         }
@@ -170,9 +212,14 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     std::sort(ranges.begin(), ranges.end());
     for (size_t i = 1; i < ranges.size(); ++i) {
         if (ranges[i].first < ranges[i - 1].second) {
-            throw IoError(fmt::format("{}: tensors overlap at data byte {}", path, ranges[i].first));
+            throw IoError(
+                fmt::format("{}: tensors overlap at data byte {}", path, ranges[i].first));
         }
     }
+}
+
+FileDigest SafetensorsFile::digest() const {
+    return {uint64_t(bytes_.size()), XXH64(bytes_.data(), bytes_.size(), 0)};
 }
 
 std::vector<std::string> SafetensorsFile::names() const {
@@ -227,8 +274,8 @@ std::vector<double> SafetensorsFile::read_as_f64(const std::string& name) const 
             std::memcpy(&v, q, 8);
             out[i] = double(v);
         } else {
-            throw IoError(fmt::format("{}: tensor '{}': cannot read {} as numbers", path_, name,
-                                      e.dtype));
+            throw IoError(
+                fmt::format("{}: tensor '{}': cannot read {} as numbers", path_, name, e.dtype));
         }
     }
     return out;

@@ -19,13 +19,24 @@ struct TensorEntry {
     size_t nbytes = 0;
 };
 
+// Size and xxh64 (seed 0) of a file's bytes: what checkpoints record per
+// file and check on load.
+struct FileDigest {
+    uint64_t bytes = 0;
+    uint64_t xxh64 = 0;
+    bool operator==(const FileDigest&) const = default;
+};
+// Reads the file through once; throws IoError if it cannot be read.
+FileDigest digest_file(const std::string& path);
+
 // Writes atomically: a temporary file in the same directory, fsync, rename,
 // fsync of the directory. A crash leaves either the old file or the new one.
-void write_safetensors(const std::string& path, const std::vector<TensorEntry>& tensors,
-                       const std::map<std::string, std::string>& metadata);
+// Returns the digest of the bytes written.
+FileDigest write_safetensors(const std::string& path, const std::vector<TensorEntry>& tensors,
+                             const std::map<std::string, std::string>& metadata);
 
 class SafetensorsFile {
-public:
+  public:
     // Reads and validates the whole file; throws IoError naming the file and
     // what is wrong (truncated, bad header, overlapping or out-of-range data).
     explicit SafetensorsFile(const std::string& path);
@@ -36,10 +47,12 @@ public:
     const TensorEntry& entry(const std::string& name) const;  // throws IoError if missing
     // Copies an F32 tensor into dst after checking its shape.
     void read_f32(const std::string& name, const std::vector<int64_t>& shape, float* dst) const;
+    // Digest of the whole file as read.
+    FileDigest digest() const;
     // Any float or integer tensor converted to double (tests, small tensors).
     std::vector<double> read_as_f64(const std::string& name) const;
 
-private:
+  private:
     std::string path_;
     std::vector<uint8_t> bytes_;
     size_t data_start_ = 0;
@@ -48,6 +61,6 @@ private:
 };
 
 // Writes `bytes` to `path` atomically (tmp + fsync + rename + dir fsync).
-void atomic_write(const std::string& path, const void* bytes, size_t n);
+FileDigest atomic_write(const std::string& path, const void* bytes, size_t n);
 
 }  // namespace apiary::ckpt

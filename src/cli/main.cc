@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <new>
 #include <utility>
 #include <vector>
 
 #include "cli/command.h"
 #include "core/error.h"
+#include "core/signals.h"
 
 namespace apiary::cli {
 
@@ -19,6 +21,11 @@ std::vector<std::pair<std::string, CommandSetup>>& registry() {
     return r;
 }
 
+std::vector<std::string>& graceful_commands() {
+    static std::vector<std::string> r;
+    return r;
+}
+
 std::function<void(int)>& abort_hook() {
     static std::function<void(int)> hook;
     return hook;
@@ -26,8 +33,9 @@ std::function<void(int)>& abort_hook() {
 
 }  // namespace
 
-CommandRegistrar::CommandRegistrar(const char* name, CommandSetup setup) {
+CommandRegistrar::CommandRegistrar(const char* name, CommandSetup setup, bool graceful_stop) {
     registry().emplace_back(name, setup);
+    if (graceful_stop) graceful_commands().emplace_back(name);
 }
 
 void set_abort_hook(std::function<void(int)> hook) { abort_hook() = std::move(hook); }
@@ -41,6 +49,13 @@ void set_exit_code(int code) { g_exit_code = code; }
 
 int main(int argc, char** argv) {
     using namespace apiary;
+    // Before any other thread exists: every thread inherits the blocked stop
+    // signals, and one thread of their own receives them (core/signals.h).
+    core::start_signal_thread();
+    const auto& graceful = cli::graceful_commands();
+    if (argc > 1 && std::find(graceful.begin(), graceful.end(), argv[1]) != graceful.end()) {
+        core::enable_graceful_stop();
+    }
     CLI::App app{"apiary: train transformer language models, and plan their runs"};
     app.require_subcommand(1);
     app.set_version_flag("--version", "apiary 0.1.0");
@@ -59,6 +74,13 @@ int main(int argc, char** argv) {
     } catch (const Error& e) {
         std::fflush(stdout);
         fmt::print(stderr, "apiary: error: {}\n", e.what());
+        code = 1;
+    } catch (const std::bad_alloc&) {
+        std::fflush(stdout);
+        fmt::print(stderr,
+                   "apiary: error: out of memory (an allocation outside the model's "
+                   "accounted buffers failed); lower train.batch_size or shard the model "
+                   "over more ranks\n");
         code = 1;
     } catch (const std::exception& e) {
         std::fflush(stdout);

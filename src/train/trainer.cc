@@ -9,25 +9,27 @@
 #include <fstream>
 #include <limits>
 #include <memory>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
 #include "ckpt/safetensors.h"
+#include "comm/mesh.h"
 #include "core/allocator.h"
 #include "core/error.h"
 #include "core/model_spec.h"
+#include "core/signals.h"
 #include "core/threads.h"
+#include "data/file_io.h"
+#include "data/loader.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
-#include "comm/mesh.h"
 #include "parallel/data_parallel.h"
-#include "data/file_io.h"
-#include "data/loader.h"
 #include "train/checkpoint.h"
+#include "train/run_dir.h"
 #include "train/schedule.h"
 #include "train/train_data.h"
 
@@ -36,8 +38,6 @@ namespace apiary::train {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
-
-std::atomic<bool> g_stop_requested{false};
 
 namespace {
 
@@ -77,18 +77,21 @@ void validate_layout(const core::Config& c) {
             "stage 2 or bf16");
     }
     if (c.get_string("parallel.recompute") != "none") {
-        throw ConfigError(fmt::format("parallel.recompute = '{}': activation recomputation is not "
-                                      "available yet; set it to 'none'",
-                                      c.get_string("parallel.recompute")));
+        throw ConfigError(
+            fmt::format("parallel.recompute = '{}': activation recomputation is not "
+                        "available yet; set it to 'none'",
+                        c.get_string("parallel.recompute")));
     }
     if (c.get_bool("parallel.sequence_parallel")) {
-        throw ConfigError("parallel.sequence_parallel = true needs tensor parallelism "
-                          "(parallel.tp > 1), which this build's trainer does not have");
+        throw ConfigError(
+            "parallel.sequence_parallel = true needs tensor parallelism "
+            "(parallel.tp > 1), which this build's trainer does not have");
     }
     if (c.get_int("data.curriculum_start") > 0 && c.get_int("data.curriculum_steps") == 0) {
-        throw ConfigError(fmt::format("data.curriculum_start = {} needs data.curriculum_steps > 0 "
-                                      "(the steps over which it grows to train.seq_len)",
-                                      c.get_int("data.curriculum_start")));
+        throw ConfigError(
+            fmt::format("data.curriculum_start = {} needs data.curriculum_steps > 0 "
+                        "(the steps over which it grows to train.seq_len)",
+                        c.get_int("data.curriculum_start")));
     }
     if (c.get_real("train.min_lr") > c.get_real("train.lr")) {
         throw ConfigError(fmt::format("train.min_lr = {} exceeds train.lr = {}",
@@ -108,32 +111,17 @@ std::set<int64_t> parse_step_list(const std::string& text, const char* key) {
             if (used != item.size() || v < 1) throw std::invalid_argument(item);
             out.insert(v);
         } catch (const std::exception&) {
-            throw ConfigError(fmt::format("{} = '{}': '{}' is not a step number (1, 2, ...)", key,
-                                          text, item));
+            throw ConfigError(
+                fmt::format("{} = '{}': '{}' is not a step number (1, 2, ...)", key, text, item));
         }
     }
     return out;
 }
 
-class MetricsLog {
-public:
-    MetricsLog(const std::string& path, bool append)
-        : out_(path, append ? std::ios::app : std::ios::trunc) {
-        if (!out_) throw IoError(fmt::format("{}: cannot open for writing", path));
-    }
-    void write(const json& j) {
-        out_ << j.dump() << '\n';
-        out_.flush();
-    }
-
-private:
-    std::ofstream out_;
-};
-
 // One training run: built (and fully validated) by the constructor, driven
 // by run(). Resuming is the same object with state loaded before run().
 class Trainer {
-public:
+  public:
     // dp_group: the data-parallel group when launched with several ranks.
     Trainer(const core::Config& c, const TrainData& data, comm::ProcessGroup* dp_group)
         : c_(c),
@@ -160,8 +148,7 @@ public:
           val_start_(val_data_->state()),
           schedule_(steps_, c.get_int("train.warmup_steps"), c.get_real("train.lr"),
                     c.get_real("train.min_lr"), c.get_string("train.lr_schedule_by") == "tokens",
-                    c.get_int("data.curriculum_start") > 0 ? c.get_int("data.curriculum_steps")
-                                                           : 0,
+                    c.get_int("data.curriculum_start") > 0 ? c.get_int("data.curriculum_steps") : 0,
                     [&](int64_t step) {
                         const auto [b, t] = train_data_->shape_at(step);
                         return b * t * dp_size_;
@@ -169,10 +156,10 @@ public:
           zero_stage_(dp_group ? int(c.get_int("parallel.zero_stage")) : 0),
           model_(spec_, B_, T_, precision_, parallel::DataParallel::shard_multiple(dp_size_),
                  parallel::DataParallel::storage_for(zero_stage_)),
-          scaler_({c.get_real("train.loss_scale_init"), 2.0, 0.5,
-                   c.get_int("train.loss_scale_growth_interval"),
-                   c.get_real("train.loss_scale_min")},
-                  precision_ == model::Precision::fp16) {
+          scaler_(
+              {c.get_real("train.loss_scale_init"), 2.0, 0.5,
+               c.get_int("train.loss_scale_growth_interval"), c.get_real("train.loss_scale_min")},
+              precision_ == model::Precision::fp16) {
         tokens_.resize(size_t(B_ * T_));
         targets_.resize(size_t(B_ * T_));
         if (dp_group) {
@@ -211,9 +198,10 @@ public:
         // The config may change the run's length or logging, not the model.
         const json have = spec_to_json(spec_), saved = ck.meta["model"];
         if (have != saved) {
-            throw ConfigError(fmt::format("{}/meta.json: the checkpoint is of model {}, but the "
-                                          "config describes {}; resume without changing model.*",
-                                          ck.dir, saved.dump(), have.dump()));
+            throw ConfigError(
+                fmt::format("{}/meta.json: the checkpoint is of model {}, but the "
+                            "config describes {}; resume without changing model.*",
+                            ck.dir, saved.dump(), have.dump()));
         }
         if (zero_stage_ == 3) {
             std::vector<float> full(size_t(model_.flat_size()));
@@ -235,17 +223,25 @@ public:
             std::copy(v.begin(), v.end(), adam_->v());
         }
         if (ck.meta.contains("loss_scaler")) scaler_.restore(ck.meta["loss_scaler"]);
+        // Every step either updated the weights or was skipped for overflow.
+        if (adam_->step_count() != ck.step - scaler_.skipped_steps()) {
+            throw IoError(
+                fmt::format("{}: the optimizer has taken {} steps, but meta.json says "
+                            "step {} with {} skipped (checkpoint damaged)",
+                            ck.dir, adam_->step_count(), ck.step, scaler_.skipped_steps()));
+        }
         start_step_ = ck.step;
         if (start_step_ >= steps_) {
-            throw ConfigError(fmt::format("{}: the run already reached step {} of train.steps = {}; "
-                                          "raise it with --set train.steps=N to train further",
-                                          run_dir_, start_step_, steps_));
+            throw ConfigError(
+                fmt::format("{}: the run already reached step {} of train.steps = {}; "
+                            "raise it with --set train.steps=N to train further",
+                            run_dir_, start_step_, steps_));
         }
     }
 
     TrainSummary run(bool append_metrics);
 
-private:
+  private:
     static core::ModelSpec resolve_spec(const core::Config& c, const TrainData& data) {
         validate_layout(c);
         core::ModelSpec spec = core::model_spec_from(c);
@@ -255,16 +251,18 @@ private:
         if (V == 0) {
             spec.vocab_size = int(data.vocab_size);
         } else if (V < data.vocab_size) {
-            throw ConfigError(fmt::format("{}: the shards' tokenizer has {} tokens, more than "
-                                          "model.vocab_size = {}; raise it, or set it to 0 to "
-                                          "take the tokenizer's",
-                                          data.manifest, data.vocab_size, V));
+            throw ConfigError(
+                fmt::format("{}: the shards' tokenizer has {} tokens, more than "
+                            "model.vocab_size = {}; raise it, or set it to 0 to "
+                            "take the tokenizer's",
+                            data.manifest, data.vocab_size, V));
         }
         const int64_t T = c.get_int("train.seq_len");
         if (T > spec.max_seq_len) {
-            throw ConfigError(fmt::format("train.seq_len = {} exceeds the model's max_seq_len = {} "
-                                          "(raise model.max_seq_len)",
-                                          T, spec.max_seq_len));
+            throw ConfigError(
+                fmt::format("train.seq_len = {} exceeds the model's max_seq_len = {} "
+                            "(raise model.max_seq_len)",
+                            T, spec.max_seq_len));
         }
         core::set_num_threads(int(c.get_int("train.threads")));
         return spec;
@@ -272,8 +270,8 @@ private:
     static std::unique_ptr<data::Loader> make_loader(const core::Config& c, const TrainData& d,
                                                      comm::ProcessGroup* dp,
                                                      const std::string& split) {
-        auto o = data::LoaderOptions::from_config(c, dp ? dp->rank() : 0, dp ? dp->size() : 1,
-                                                  split);
+        auto o =
+            data::LoaderOptions::from_config(c, dp ? dp->rank() : 0, dp ? dp->size() : 1, split);
         o.sources = d.sources;
         o.tokenizer_hash = d.tokenizer_hash;
         if (split == "train") {
@@ -334,7 +332,8 @@ private:
         }
         if (!main_rank()) return "";
         return save_checkpoint(run_dir_, step, model_, {mp, vp, adam_->step_count()},
-                               checkpoint_meta(), p.empty() ? nullptr : p.data());
+                               checkpoint_meta(), p.empty() ? nullptr : p.data(),
+                               c_.get_int("train.ckpt_keep"));
     }
     // Rank 0 prints; every rank writes the same lines to its own log in the
     // run directory (logs/rank_NNNNN.log), with what it alone knows added
@@ -418,34 +417,37 @@ double Trainer::evaluate() {
 void Trainer::restore_data(const CheckpointRef& ck) {
     const std::string where = ck.dir + "/meta.json";
     if (!ck.meta.contains("loader")) {
-        throw ConfigError(fmt::format("{}: no loader state (a checkpoint from before apiary train "
-                                      "read token shards); it cannot continue with the same "
-                                      "batches: start a new run",
-                                      where));
+        throw ConfigError(
+            fmt::format("{}: no loader state (a checkpoint from before apiary train "
+                        "read token shards); it cannot continue with the same "
+                        "batches: start a new run",
+                        where));
     }
     const std::string hash = ck.meta.value("tokenizer_hash", "");
     if (hash != data_.tokenizer_hash) {
-        throw ConfigError(fmt::format("{}: the run was trained with tokenizer {}, but the data.* "
-                                      "keys now give {} ({}); resume with the run's data settings",
-                                      where, hash, data_.tokenizer_hash, data_.manifest));
+        throw ConfigError(
+            fmt::format("{}: the run was trained with tokenizer {}, but the data.* "
+                        "keys now give {} ({}); resume with the run's data settings",
+                        where, hash, data_.tokenizer_hash, data_.manifest));
     }
     train_data_->restore(ck.meta["loader"]);
     if (train_data_->step() != ck.step) {
-        throw IoError(fmt::format("{}: the loader state is at step {}, the checkpoint at step {} "
-                                  "(checkpoint damaged)",
-                                  where, train_data_->step(), ck.step));
+        throw IoError(
+            fmt::format("{}: the loader state is at step {}, the checkpoint at step {} "
+                        "(checkpoint damaged)",
+                        where, train_data_->step(), ck.step));
     }
 }
 
 TrainSummary Trainer::run(bool append_metrics) {
     open_rank_log(append_metrics);
     std::optional<MetricsLog> metrics;
-    if (main_rank()) metrics.emplace((fs::path(run_dir_) / "metrics.jsonl").string(), append_metrics);
+    if (main_rank()) metrics.emplace((fs::path(run_dir_) / kMetricsFile).string(), append_metrics);
     const double peak = peak_;
     const int64_t tokens_per_step = B_ * T_ * accum_ * dp_size_;  // at the full shape
     say("apiary train: {} model, {:.2f}M parameters, {} layers, C={}, V={}, {}\n",
-               core::arch_name(spec_.arch), double(spec_.num_params()) / 1e6, spec_.n_layer,
-               spec_.n_embd, spec_.vocab_size, c_.get_string("train.precision"));
+        core::arch_name(spec_.arch), double(spec_.num_params()) / 1e6, spec_.n_layer, spec_.n_embd,
+        spec_.vocab_size, c_.get_string("train.precision"));
     // The unigram baseline is computed by the first rank only (it prints it).
     const double unigram = main_rank() ? unigram_entropy() : 0.0;
     uint64_t split_tokens[2] = {0, 0};
@@ -473,7 +475,7 @@ TrainSummary Trainer::run(bool append_metrics) {
         dp_ && dp_->zero_stage() ? fmt::format(" zero={}", dp_->zero_stage()) : "",
         core::num_threads(), peak / 1e9);
     say("  run directory {}{}\n", run_dir_,
-               start_step_ ? fmt::format(", resuming after step {}", start_step_) : "");
+        start_step_ ? fmt::format(", resuming after step {}", start_step_) : "");
     std::fflush(stdout);
 
     TrainSummary summary;
@@ -531,7 +533,7 @@ TrainSummary Trainer::run(bool append_metrics) {
             // One small all-reduce for the step's scalars. A stop signal may
             // reach one rank only: every rank stops after the same step.
             float scalars[3] = {float(loss_sum), float(count),
-                                g_stop_requested.load() ? 1.0f : 0.0f};
+                                core::stop_requested() ? 1.0f : 0.0f};
             dp_->sum(scalars, 3);
             loss_sum = scalars[0];
             count = int64_t(scalars[1]);
@@ -555,10 +557,11 @@ TrainSummary Trainer::run(bool append_metrics) {
             if (copy) model_.bf16_weights_written();
             if (dp_) dp_->gather_parameters();
         } else if (!scaler_.enabled()) {
-            throw Error(fmt::format("non-finite gradients at step {} (norm {}): training "
-                                    "diverged; lower train.lr (now {}) or raise "
-                                    "train.warmup_steps",
-                                    step + 1, raw_norm, lr_peak));
+            throw Error(
+                fmt::format("non-finite gradients at step {} (norm {}): training "
+                            "diverged; lower train.lr (now {}) or raise "
+                            "train.warmup_steps",
+                            step + 1, raw_norm, lr_peak));
         } else {
             say("{}step {}: fp16 gradients overflowed; step skipped, loss scale now {}\n",
                 tty ? "\r\033[K" : "", step + 1, scaler_.scale());
@@ -566,9 +569,10 @@ TrainSummary Trainer::run(bool append_metrics) {
         const double dt = seconds_since(t0);
         const double loss = loss_sum / double(count);
         if (!std::isfinite(loss)) {
-            throw Error(fmt::format("training diverged at step {}: loss is {}; lower train.lr "
-                                    "(now {}) or raise train.warmup_steps",
-                                    step + 1, loss, lr_peak));
+            throw Error(
+                fmt::format("training diverged at step {}: loss is {}; lower train.lr "
+                            "(now {}) or raise train.warmup_steps",
+                            step + 1, loss, lr_peak));
         }
         window_loss += loss;
         window_time += dt;
@@ -584,10 +588,13 @@ TrainSummary Trainer::run(bool append_metrics) {
             const double tps = double(window_tokens) / window_time;
             const double mfu = window_flops / window_time / peak;  // over all ranks' peaks below
             const double eta = double(steps_ - step - 1) * window_time / double(window_steps);
-            json rec = {{"step", step + 1}, {"loss", window_loss / double(window_steps)},
-                        {"lr", lr}, {"grad_norm", raw_norm / scale},
+            json rec = {{"step", step + 1},
+                        {"loss", window_loss / double(window_steps)},
+                        {"lr", lr},
+                        {"grad_norm", raw_norm / scale},
                         {"step_time_s", window_time / double(window_steps)},
-                        {"tokens_per_s", tps}, {"mfu", mfu / dp_size_},
+                        {"tokens_per_s", tps},
+                        {"mfu", mfu / dp_size_},
                         {"world_size", dp_size_},
                         {"tokens", schedule_.tokens_before(step + 1)},
                         {"elapsed_s", seconds_since(t_start)}};
@@ -603,15 +610,17 @@ TrainSummary Trainer::run(bool append_metrics) {
                 data::xxhash64(batch.tokens.data(), batch.tokens.size() * sizeof(int32_t)));
             if (metrics) metrics->write(rec);
             if (dp_) {
-                note(fmt::format("rank {}: step {} took {:.3f} s, {:.3f} s waiting on gradient "
-                                 "communication",
-                                 dp_rank_, step + 1, dt, dp_->exposed_seconds()));
+                note(
+                    fmt::format("rank {}: step {} took {:.3f} s, {:.3f} s waiting on gradient "
+                                "communication",
+                                dp_rank_, step + 1, dt, dp_->exposed_seconds()));
             }
             const std::string eval_part =
                 std::isnan(last_eval) ? "" : fmt::format(" | val {:.4f}", last_eval);
             const std::string scale_part =
                 scaler_.enabled() ? fmt::format(" | scale {:g}", scaler_.scale()) : "";
-            say("{}step {:>{}}/{} | loss {:.4f}{} | lr {:.2e}{} | {} tok/s | MFU {:.1f}% | ETA {}{}",
+            say("{}step {:>{}}/{} | loss {:.4f}{} | lr {:.2e}{} | {} tok/s | MFU {:.1f}% | ETA "
+                "{}{}",
                 tty ? "\r\033[K" : "", step + 1, int(std::to_string(steps_).size()), steps_,
                 window_loss / double(window_steps), eval_part, lr, scale_part, format_rate(tps),
                 100.0 * mfu / dp_size_, format_duration(eta), tty && !last ? "" : "\n");
@@ -624,12 +633,12 @@ TrainSummary Trainer::run(bool append_metrics) {
         if (ckpt_every > 0 && (step + 1) % ckpt_every == 0 && !last) {
             save(step + 1);
         }
-        stop = dp_ ? stop_agreed : g_stop_requested.load();
+        stop = dp_ ? stop_agreed : core::stop_requested();
     }
     if (stop) {
         say("\ninterrupted after step {}: saving a checkpoint (resume with `apiary train "
-                   "--resume {}`)\n",
-                   step, run_dir_);
+            "--resume {}`)\n",
+            step, run_dir_);
         last_eval = evaluate();
     }
     summary.steps = step;
@@ -648,9 +657,8 @@ TrainSummary Trainer::run(bool append_metrics) {
         // optimizer), per rank.
         metrics->write({{"step", step},
                         {"memory_peak_bytes_per_rank", peak_bytes},
-                        {"model_state_formula_bytes",
-                         parallel::DataParallel::model_state_formula(model_, zero_stage_,
-                                                                     dp_size_)}});
+                        {"model_state_formula_bytes", parallel::DataParallel::model_state_formula(
+                                                          model_, zero_stage_, dp_size_)}});
     }
     // Bits per byte compare runs of different tokenizers on the same text.
     const std::string per_byte =
@@ -661,21 +669,13 @@ TrainSummary Trainer::run(bool append_metrics) {
         "{:.1f} MiB; checkpoint {}\n",
         step, format_duration(seconds_since(t_start)), last_eval, per_byte, summary.unigram_loss,
         double(mem.total_peak) / 1048576.0, summary.checkpoint_dir);
+    if (metrics && metrics->lost() > 0) {
+        fmt::print(stderr,
+                   "apiary: warning: {} records could not be written to {} (see the warnings "
+                   "above); the checkpoint is complete\n",
+                   metrics->lost(), metrics->path());
+    }
     return summary;
-}
-
-void check_run_dir(const std::string& dir, bool overwrite) {
-    if (dir.empty()) throw ConfigError("run.dir is empty");
-    if (!fs::exists(dir)) return;
-    if (!fs::is_directory(dir)) {
-        throw ConfigError(fmt::format("run.dir '{}' exists and is not a directory", dir));
-    }
-    if (!fs::is_empty(dir) && !overwrite) {
-        throw ConfigError(fmt::format("run.dir '{}' already holds a run; pick another with "
-                                      "--set run.dir=PATH, continue it with --resume {}, or pass "
-                                      "--overwrite to replace it",
-                                      dir, dir));
-    }
 }
 
 }  // namespace
@@ -725,7 +725,12 @@ TrainSummary run_training(const core::Config& c, bool overwrite, comm::ProcessGr
     validate_layout(c);
     std::unique_ptr<comm::DeviceMesh> mesh;
     comm::ProcessGroup* dp = data_parallel_group(c, world, mesh);
-    check_run_dir(run_dir, overwrite);
+    const bool first = !world || world->rank() == 0;
+    check_new_run_dir(run_dir, overwrite);
+    // Another process may be training in an existing directory: refuse
+    // before doing any work. A new one is locked when it is created.
+    std::optional<RunDirLock> lock;
+    if (first && fs::exists(run_dir)) lock.emplace(run_dir);
     // Resolves (and prepares) the data, builds loaders, model and optimizer:
     // every error surfaces here, before anything in the run directory is
     // touched.
@@ -733,33 +738,43 @@ TrainSummary run_training(const core::Config& c, bool overwrite, comm::ProcessGr
     Trainer trainer(c, data, dp);
     trainer.init_fresh();
     barrier(world);  // every rank has validated before the first one writes
-    if (!world || world->rank() == 0) {
-        if (fs::exists(run_dir)) fs::remove_all(run_dir);
-        fs::create_directories(run_dir);
+    if (first) {
+        if (!lock) lock.emplace(run_dir);
+        clear_run_dir(run_dir);
         const std::string text = c.to_toml();
-        ckpt::atomic_write((fs::path(run_dir) / "config.toml").string(), text.data(),
-                           text.size());
+        ckpt::atomic_write((fs::path(run_dir) / "config.toml").string(), text.data(), text.size());
         save_tokenizer(run_dir, data);
     }
     barrier(world);
     return trainer.run(false);
 }
 
-TrainSummary resume_training(const core::Config& c, comm::ProcessGroup* world) {
+TrainSummary resume_training(const core::Config& c, comm::ProcessGroup* world, bool previous_good) {
     const std::string run_dir = c.get_string("run.dir");
     validate_layout(c);
     std::unique_ptr<comm::DeviceMesh> mesh;
     comm::ProcessGroup* dp = data_parallel_group(c, world, mesh);
-    const CheckpointRef ck = latest_checkpoint(run_dir);
+    const bool first = !world || world->rank() == 0;
+    std::optional<RunDirLock> lock;
+    if (first && fs::is_directory(run_dir)) lock.emplace(run_dir);
+    std::vector<std::string> skipped;
+    const CheckpointRef ck = latest_checkpoint(run_dir, previous_good, &skipped);
+    if (first) {
+        for (const auto& why : skipped) {
+            fmt::print(stderr, "apiary: warning: skipping a damaged checkpoint: {}\n", why);
+        }
+        if (!skipped.empty()) fmt::print(stderr, "apiary: resuming from {}\n", ck.dir);
+    }
     const TrainData data = shared_train_data(c, world);
     Trainer trainer(c, data, dp);
     trainer.load(ck);
     barrier(world);
-    if (!world || world->rank() == 0) {
+    if (first) {
+        // The records of steps after the checkpoint are written again.
+        truncate_metrics(run_dir, ck.step);
         // Record the config the run continues with (e.g. a raised train.steps).
         const std::string text = c.to_toml();
-        ckpt::atomic_write((fs::path(run_dir) / "config.toml").string(), text.data(),
-                           text.size());
+        ckpt::atomic_write((fs::path(run_dir) / "config.toml").string(), text.data(), text.size());
         if (!fs::exists(fs::path(run_dir) / kTokenizerFile)) save_tokenizer(run_dir, data);
     }
     return trainer.run(true);

@@ -370,18 +370,44 @@ void add_shared_keys(Schema& s) {
     s.add_real("model.norm_eps", 0.0, "LayerNorm / RMSNorm epsilon (0: from the preset)", 0.0,
                1.0);
     s.add_real("model.rope_theta", 0.0, "RoPE base, llama only (0: from the preset)", 0.0, 1e9);
+    s.add_int("model.head_dim", 0, "width of one attention head (0: n_embd / n_head)", 0, 1 << 16);
+    s.add_int("model.kv_lora_rank", 0,
+              "latent attention (DeepSeek-V2/V3) key/value rank; 0: plain attention (planner only)",
+              0, 1 << 20);
+    s.add_int("model.q_lora_rank", 0, "latent attention query rank (0: full-rank queries)", 0,
+              1 << 20);
+    s.add_int("model.qk_rope_dim", 0, "latent attention rotary query/key width per head", 0,
+              1 << 16);
+    s.add_int("model.v_head_dim", 0, "latent attention value width per head (0: head_dim)", 0,
+              1 << 16);
+    s.add_int("model.n_expert", 0, "routed experts per MoE block; 0: dense (planner only)", 0,
+              1 << 16);
+    s.add_int("model.n_expert_active", 0, "routed experts each token uses (top-k)", 0, 1 << 16);
+    s.add_int("model.n_shared_expert", 0, "experts every token uses besides the routed ones", 0,
+              1 << 16);
+    s.add_int("model.moe_ffn_hidden", 0, "hidden width of one expert (0: model.ffn_hidden)", 0,
+              1 << 22);
+    s.add_int("model.moe_dense_layers", 0, "leading blocks with a dense MLP instead of experts",
+              0, 1000);
 
     s.add_int("train.batch_size", 16, "micro-batch size B, sequences per rank per micro-step", 1,
               1 << 20);
     s.add_int("train.seq_len", 128, "sequence length T of a training sample", 1, 1 << 22);
     s.add_int("train.grad_accum", 1, "micro-steps accumulated into one optimizer step", 1,
               1 << 20);
-    s.add_string("train.precision", "fp32", "compute precision: fp32, bf16 or fp16",
-                 {"fp32", "bf16", "fp16"});
+    s.add_string("train.precision", "fp32",
+                 "compute precision: fp32, bf16 or fp16 (fp8: planner only)",
+                 {"fp32", "bf16", "fp16", "fp8"});
 
     s.add_int("parallel.dp", 0, "data-parallel ranks (0: world size / (tp * pp))", 0, 1 << 24);
     s.add_int("parallel.tp", 1, "tensor-parallel ranks", 1, 1 << 16);
     s.add_int("parallel.pp", 1, "pipeline-parallel stages", 1, 1 << 16);
+    s.add_int("parallel.cp", 1,
+              "context-parallel ranks: each holds 1/cp of every sequence (planner only)", 1,
+              1 << 16);
+    s.add_int("parallel.ep", 1,
+              "expert-parallel ranks, carved out of the data-parallel ones (planner only)", 1,
+              1 << 16);
     s.add_int("parallel.zero_stage", 0,
               "ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters", 0, 3);
     s.add_string("parallel.recompute", "none",
@@ -410,6 +436,16 @@ ModelSpec model_spec_from(const Config& c) {
     override_int("model.vocab_size", s.vocab_size);
     override_int("model.max_seq_len", s.max_seq_len);
     override_int("model.ffn_hidden", s.ffn_hidden);
+    override_int("model.head_dim", s.head_dim);
+    override_int("model.kv_lora_rank", s.kv_lora_rank);
+    override_int("model.q_lora_rank", s.q_lora_rank);
+    override_int("model.qk_rope_dim", s.qk_rope_dim);
+    override_int("model.v_head_dim", s.v_head_dim);
+    override_int("model.n_expert", s.n_expert);
+    override_int("model.n_expert_active", s.n_expert_active);
+    override_int("model.n_shared_expert", s.n_shared_expert);
+    override_int("model.moe_ffn_hidden", s.moe_ffn_hidden);
+    override_int("model.moe_dense_layers", s.moe_dense_layers);
     // A gpt2 model given only a new head count keeps plain multi-head attention.
     if (s.arch == Arch::gpt2 && c.get_int("model.n_kv_head") == 0) s.n_kv_head = s.n_head;
     if (const auto& t = c.get_string("model.tie_embeddings"); !t.empty()) {

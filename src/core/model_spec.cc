@@ -14,8 +14,8 @@ const char* arch_name(Arch arch) { return arch == Arch::gpt2 ? "gpt2" : "llama";
 Arch parse_arch(const std::string& name) {
     if (name == "gpt2") return Arch::gpt2;
     if (name == "llama") return Arch::llama;
-    throw ConfigError(fmt::format("model.arch: unknown architecture '{}' (known: gpt2, llama)",
-                                  name));
+    throw ConfigError(
+        fmt::format("model.arch: unknown architecture '{}' (known: gpt2, llama)", name));
 }
 
 int ModelSpec::ffn_dim() const {
@@ -62,8 +62,8 @@ int64_t ModelSpec::num_matmul_params() const {
 }
 
 int64_t ModelSpec::num_active_matmul_params() const {
-    const int64_t unused = int64_t(moe_layers()) * (n_expert - n_expert_active) *
-                           mlp_params(expert_ffn_dim());
+    const int64_t unused =
+        int64_t(moe_layers()) * (n_expert - n_expert_active) * mlp_params(expert_ffn_dim());
     return num_matmul_params() - unused;
 }
 
@@ -104,9 +104,10 @@ void ModelSpec::validate() const {
     if (n_kv_head < 1 || n_head % n_kv_head != 0)
         fail(fmt::format("model.n_kv_head = {} must divide model.n_head = {}", n_kv_head, n_head));
     if (arch == Arch::gpt2 && n_kv_head != n_head)
-        fail(fmt::format("model.n_kv_head = {} but gpt2 has no grouped-query attention: "
-                         "set it to model.n_head = {}",
-                         n_kv_head, n_head));
+        fail(
+            fmt::format("model.n_kv_head = {} but gpt2 has no grouped-query attention: "
+                        "set it to model.n_head = {}",
+                        n_kv_head, n_head));
     if (arch == Arch::llama && head_size() % 2 != 0)
         fail(fmt::format("model.n_embd / model.n_head = {} must be even for RoPE", head_size()));
     if (vocab_size < 2) fail(fmt::format("model.vocab_size = {}: must be at least 2", vocab_size));
@@ -128,8 +129,9 @@ void ModelSpec::validate() const {
             fail("model.n_shared_expert and model.moe_ffn_hidden must be >= 0");
     } else if (n_expert_active > 0 || n_shared_expert > 0 || moe_dense_layers > 0 ||
                moe_ffn_hidden > 0) {
-        fail("model.n_expert_active, n_shared_expert, moe_ffn_hidden and moe_dense_layers "
-             "describe experts: set model.n_expert too (or leave them 0)");
+        fail(
+            "model.n_expert_active, n_shared_expert, moe_ffn_hidden and moe_dense_layers "
+            "describe experts: set model.n_expert too (or leave them 0)");
     }
 }
 
@@ -176,9 +178,9 @@ const std::map<std::string, ModelSpec>& presets() {
         t["gpt3-175b"] = gpt2(96, 12288, 96, 50257, 2048);
         // Other published GPT-style runs, for the planner (positions are
         // modelled as learned even where the original used ALiBi).
-        t["opt-175b"] = gpt2(96, 12288, 96, 50272, 2048);         // Zhang et al. 2022
-        t["bloom-176b"] = gpt2(70, 14336, 112, 250880, 2048);     // BigScience 2022
-        t["mt-nlg-530b"] = gpt2(105, 20480, 128, 51200, 2048);    // Smith et al. 2022
+        t["opt-175b"] = gpt2(96, 12288, 96, 50272, 2048);       // Zhang et al. 2022
+        t["bloom-176b"] = gpt2(70, 14336, 112, 250880, 2048);   // BigScience 2022
+        t["mt-nlg-530b"] = gpt2(105, 20480, 128, 51200, 2048);  // Smith et al. 2022
         // LLaMA 60M as in the GaLore paper (Zhao et al. 2024, Table 9).
         t["llama-60m"] = llama(8, 512, 8, 8, 1376, 32000, 256);
         // LLaMA 2 (Touvron et al. 2023) and LLaMA 3 (Meta 2024) model cards.

@@ -16,13 +16,13 @@ Arch parse_arch(const std::string& name);  // throws ConfigError
 
 struct ModelSpec {
     Arch arch = Arch::gpt2;
-    int n_layer = 4;       // L
-    int n_embd = 192;      // C
-    int n_head = 6;        // NH
-    int n_kv_head = 6;     // grouped-query attention: NH must be a multiple of it
-    int vocab_size = 256;  // V
-    int max_seq_len = 256; // learned positions (gpt2) or RoPE table size (llama)
-    int ffn_hidden = 0;    // 0: 4C for gpt2, SwiGLU's 256-rounded 8C/3 for llama
+    int n_layer = 4;        // L
+    int n_embd = 192;       // C
+    int n_head = 6;         // NH
+    int n_kv_head = 6;      // grouped-query attention: NH must be a multiple of it
+    int vocab_size = 256;   // V
+    int max_seq_len = 256;  // learned positions (gpt2) or RoPE table size (llama)
+    int ffn_hidden = 0;     // 0: 4C for gpt2, SwiGLU's 256-rounded 8C/3 for llama
     bool tie_embeddings = true;
     float norm_eps = 1e-5f;
     float rope_theta = 10000.0f;

@@ -108,7 +108,7 @@ std::map<std::string, Device> make_devices() {
         d.devices_per_node = 16, d.intra_link = "nvswitch-v100", d.inter_link = "ib-edr-half";
         d.topology = "fat-tree", d.host_w_per_node = 10000 - 16 * 300;
         d.reserved_bytes = 1.0 * kGiB, d.gemm_eff = 0.77;  // fitted: validation.toml
-        d.price_hour = 3.06, d.spot_price_hour = 0.92;  // AWS p3dn.24xlarge, per GPU
+        d.price_hour = 3.06, d.spot_price_hour = 0.92;     // AWS p3dn.24xlarge, per GPU
         d.source = "NVIDIA V100 datasheet; DGX-2 datasheet";
     }
     {

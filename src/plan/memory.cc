@@ -64,7 +64,7 @@ double block_activation_bytes(const Workload& w, const Layout& l, bool experts, 
     const bool gpt = m.arch == core::Arch::gpt2;  // dropout masks, GeLU
     const double s = double(w.seq_len) / l.cp, b = l.micro_batch, h = m.n_embd, t = l.tp;
     const double sb = s * b, sbh = sb * h, scale = act_bytes(w.dtype) / 2.0;
-    const double rep = l.sp ? t : 1.0;  // replicated tensors shard with SP
+    const double rep = l.sp ? t : 1.0;                       // replicated tensors shard with SP
     if (r == Recompute::full) return scale * 2 * sbh / rep;  // the block input
     // Norm inputs, QKV and MLP inputs (2 bytes each), dropout masks (1 byte).
     double bytes = (8 + (gpt ? 2 : 0)) * sbh / rep;
@@ -114,8 +114,8 @@ StageParams stage_param_split(const core::ModelSpec& m, const Layout& l, int sta
         // Each block by its kind: a dense MLP, or router + shared experts.
         const double attn = double(m.attn_params()) + 2.0 * m.n_embd;  // + norms
         const double dense = attn + double(m.mlp_params(m.ffn_dim()));
-        const double shared = attn + double(m.n_embd) * m.n_expert +
-                              m.n_shared_expert * expert_params(m);
+        const double shared =
+            attn + double(m.n_embd) * m.n_expert + m.n_shared_expert * expert_params(m);
         p.dense = (blocks - moe) * dense + moe * shared;
         p.expert = moe * m.n_expert * expert_params(m) / l.ep;
     } else {

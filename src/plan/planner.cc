@@ -77,7 +77,8 @@ Impl parse_impl(const std::string& s) {
         if (s == impl_name(i)) return i;
     }
     throw ConfigError(fmt::format(
-        "cluster.implementation: unknown value '{}' (known: megatron, deepspeed, fsdp, apiary)", s));
+        "cluster.implementation: unknown value '{}' (known: megatron, deepspeed, fsdp, apiary)",
+        s));
 }
 
 namespace {
@@ -297,9 +298,9 @@ std::string layout_problem(const Workload& w, const Layout& l) {
     // Uneven stages and chunks are allowed (the fullest one is costed), as
     // Megatron-Core and DeepSpeed balance them; every chunk needs a block.
     if (l.pp * chunks > m.n_layer) {
-        return fmt::format("parallel.pp = {}{} is more than model.n_layer = {}: a stage needs a block",
-                           l.pp, chunks > 1 ? fmt::format(" x {} virtual stages", chunks) : "",
-                           m.n_layer);
+        return fmt::format(
+            "parallel.pp = {}{} is more than model.n_layer = {}: a stage needs a block", l.pp,
+            chunks > 1 ? fmt::format(" x {} virtual stages", chunks) : "", m.n_layer);
     }
     if (w.global_batch % (l.dp * l.micro_batch) != 0) {
         return fmt::format(
@@ -373,9 +374,9 @@ PlanInput resolve_input(const core::Config& cfg, bool check_layout) {
         }
         dp = n / model_par;
     } else if (dp * model_par != n) {
-        throw ConfigError(fmt::format(
-            "parallel.tp x cp x pp x dp = {} x {} x {} x {} = {} but cluster.gpus = {}", l.tp,
-            l.cp, l.pp, dp, dp * model_par, n));
+        throw ConfigError(
+            fmt::format("parallel.tp x cp x pp x dp = {} x {} x {} x {} = {} but cluster.gpus = {}",
+                        l.tp, l.cp, l.pp, dp, dp * model_par, n));
     }
     l.dp = dp;
     const long long gb = cfg.get_int("plan.global_batch");
@@ -403,13 +404,14 @@ std::vector<std::string> plan_warnings(const Workload& w, const Layout& l, const
     std::vector<std::string> v;
     const Device& d = c.dev;
     if (w.dtype == Dtype::fp8 && d.peak_fp8 <= 0) {
-        v.push_back(fmt::format("{} has no fp8 matrix units: fp8 is costed at its {} peak",
-                                d.name, d.peak_bf16 > 0 ? "bf16" : "fp16"));
+        v.push_back(fmt::format("{} has no fp8 matrix units: fp8 is costed at its {} peak", d.name,
+                                d.peak_bf16 > 0 ? "bf16" : "fp16"));
     }
     if (w.dtype == Dtype::bf16 && d.peak_bf16 <= 0) {
-        v.push_back(fmt::format("{} has no bf16 matrix units: bf16 is costed at its fp32 peak "
-                                "(use train.precision = fp16)",
-                                d.name));
+        v.push_back(
+            fmt::format("{} has no bf16 matrix units: bf16 is costed at its fp32 peak "
+                        "(use train.precision = fp16)",
+                        d.name));
     }
     if (l.tp > c.ranks_per_node()) {
         v.push_back(fmt::format(

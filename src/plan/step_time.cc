@@ -23,11 +23,13 @@ double recompute_flops_per_step(const Workload& w, Recompute r) {
     const auto& m = w.model;
     const double tokens = double(w.seq_len) * double(w.global_batch);
     // QK^T and AV forward: 2 L T (qk + v widths) per token.
-    const double attn_fwd = 2.0 * m.n_layer * double(w.seq_len) * double(m.qk_width() + m.v_width());
+    const double attn_fwd =
+        2.0 * m.n_layer * double(w.seq_len) * double(m.qk_width() + m.v_width());
     if (r == Recompute::selective) return w.flash ? 0 : attn_fwd * tokens;
     if (r == Recompute::full) {
         // One more forward of every block (not the LM head).
-        const double blocks = double(m.num_active_matmul_params()) - double(m.vocab_size) * m.n_embd;
+        const double blocks =
+            double(m.num_active_matmul_params()) - double(m.vocab_size) * m.n_embd;
         return (2.0 * blocks + attn_fwd) * tokens;
     }
     return 0;
@@ -140,8 +142,8 @@ PerMicro per_micro(const Workload& w, const Layout& l, const Cluster& c) {
         p.rec = each([](const LayerCost& x) { return x.attn_core; });
     }
     const double attn_time = each([](const LayerCost& x) { return x.attn_core + x.attn_bwd; });
-    p.cp = std::max(0.0, each([](const LayerCost& x) { return x.cp_comm; }) -
-                             c.cp_overlap * attn_time);
+    p.cp = std::max(0.0,
+                    each([](const LayerCost& x) { return x.cp_comm; }) - c.cp_overlap * attn_time);
     p.ep = (1 - c.moe_overlap) * each([](const LayerCost& x) { return x.a2a; });
     // Tensor parallelism: 2 all-reduces in forward and 2 in backward per block
     // (Shoeybi et al. 2019); sequence parallelism swaps each for a
@@ -170,10 +172,9 @@ void dp_time(const Workload& w, const Layout& l, const Cluster& c, const PerMicr
              StepTime& st) {
     const auto& m = w.model;
     const StateBytes sb = state_bytes(w.dtype);
-    const StageParams p{std::max(stage_param_split(m, l, 0).dense,
-                                 stage_param_split(m, l, l.pp - 1).dense),
-                        std::max(stage_param_split(m, l, 0).expert,
-                                 stage_param_split(m, l, l.pp - 1).expert)};
+    const StageParams p{
+        std::max(stage_param_split(m, l, 0).dense, stage_param_split(m, l, l.pp - 1).dense),
+        std::max(stage_param_split(m, l, 0).expert, stage_param_split(m, l, l.pp - 1).expert)};
     // Dense weights are replicated over the dp x cp ranks (stride tp),
     // experts over dp x cp / ep (the ranks ep apart).
     const Group dense{l.dp * l.cp, l.tp}, expert{l.dp * l.cp / l.ep, (long long)l.tp * l.ep};
@@ -182,8 +183,8 @@ void dp_time(const Workload& w, const Layout& l, const Cluster& c, const PerMicr
         // ZeRO 0-2 move the same volume as one all-reduce (reduce-scatter +
         // all-gather) once per step, bucketed behind the last micro-batch's
         // backward.
-        st.dp_comm = all_reduce_s(c, dense, p.dense * sb.grad) +
-                     all_reduce_s(c, expert, p.expert * sb.grad);
+        st.dp_comm =
+            all_reduce_s(c, dense, p.dense * sb.grad) + all_reduce_s(c, expert, p.expert * sb.grad);
         const double window = c.dp_overlap * 2 * pm.fwd;
         st.dp_exposed = std::max(0.0, st.dp_comm - window);
         return;
@@ -219,8 +220,8 @@ StepTime step_time(const Workload& w, const Layout& l, const Cluster& c) {
     // backward per micro-batch (and per chunk when interleaved); Megatron's
     // scatter/gather sends 1/t of them per rank.
     const int chunks = l.schedule == Schedule::interleaved ? l.vpp : 1;
-    const double pp_msg = double(w.seq_len) / l.cp * l.micro_batch * m.n_embd *
-                          act_bytes(w.dtype) / (c.pp_scatter ? l.tp : 1);
+    const double pp_msg = double(w.seq_len) / l.cp * l.micro_batch * m.n_embd * act_bytes(w.dtype) /
+                          (c.pp_scatter ? l.tp : 1);
     const long long pp_stride = (long long)l.tp * l.cp * l.dp;
     const double p2p = l.pp > 1 ? 2 * chunks * p2p_s(c, pp_stride, pp_msg) : 0;
 

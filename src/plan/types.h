@@ -46,8 +46,8 @@ struct Layout {
     int tp = 1;
     int pp = 1;
     long long dp = 1;
-    int cp = 1;  // context parallel: each rank holds 1/cp of every sequence
-    int ep = 1;  // expert parallel: experts sharded over ep of the dp ranks
+    int cp = 1;    // context parallel: each rank holds 1/cp of every sequence
+    int ep = 1;    // expert parallel: experts sharded over ep of the dp ranks
     int zero = 0;  // ZeRO stage 0-3, sharded over dp
     Recompute recompute = Recompute::none;
     bool sp = false;        // sequence parallel (Korthikanti et al. 2022)
@@ -71,9 +71,9 @@ struct Cluster {
     // Fraction of the catalog's GEMM efficiency the implementation reaches
     // (fitted per profile on the validation set's fit split).
     double impl_eff = 1.0;
-    bool pp_scatter = true;     // pipeline sends 1/tp of the activations per rank
-    double moe_overlap = 0.0;   // fraction of expert all-to-all hidden behind compute
-    double cp_overlap = 1.0;    // fraction of context-parallel KV exchange hidden
+    bool pp_scatter = true;    // pipeline sends 1/tp of the activations per rank
+    double moe_overlap = 0.0;  // fraction of expert all-to-all hidden behind compute
+    double cp_overlap = 1.0;   // fraction of context-parallel KV exchange hidden
     // Energy and emissions.
     double pue = 1.1;
     double idle_frac = 0.3;  // device power at idle as a fraction of TDP
@@ -107,8 +107,8 @@ struct StepTime {          // seconds per optimizer step
     double compute = 0;    // forward + backward GEMMs and elementwise, all micro-batches
     double recompute = 0;  // re-running forward for recomputation
     double tp_comm = 0;
-    double cp_comm = 0;    // context-parallel KV exchange not hidden behind attention
-    double ep_comm = 0;    // expert all-to-all not hidden
+    double cp_comm = 0;  // context-parallel KV exchange not hidden behind attention
+    double ep_comm = 0;  // expert all-to-all not hidden
     double pp_comm = 0;
     double bubble = 0;      // pipeline fill and drain
     double dp_comm = 0;     // total DP / ZeRO communication

@@ -16,7 +16,7 @@ namespace {
 constexpr double kGiB = 1024.0 * 1024 * 1024;
 
 const char* const kMetrics[] = {"tokens_per_s_per_device", "model_tflops", "hw_tflops", "mfu",
-                                "gpu_hours_per_1t_tokens", "step_time_s", "memory_gib"};
+                                "gpu_hours_per_1t_tokens", "step_time_s",  "memory_gib"};
 
 bool is_metric(const std::string& k) {
     return std::find(std::begin(kMetrics), std::end(kMetrics), k) != std::end(kMetrics);
@@ -37,8 +37,7 @@ ValidationRun parse_run(const toml::table& t, const std::string& where) {
     r.source = field_string(t, "source", at);
     r.split = field_string(t, "split", at);
     if (r.split != "fit" && r.split != "holdout") {
-        throw ConfigError(
-            fmt::format("{}: split = '{}' (known: fit, holdout)", at, r.split));
+        throw ConfigError(fmt::format("{}: split = '{}' (known: fit, holdout)", at, r.split));
     }
     for (const auto& [k, node] : t) {
         const std::string key(k.str());
@@ -59,9 +58,9 @@ ValidationRun parse_run(const toml::table& t, const std::string& where) {
             }
             r.measured[key] = *v;
         } else {
-            throw ConfigError(fmt::format(
-                "{}: unknown field '{}' (known: name, source, split, note, set, {})", at, key,
-                fmt::join(kMetrics, ", ")));
+            throw ConfigError(
+                fmt::format("{}: unknown field '{}' (known: name, source, split, note, set, {})",
+                            at, key, fmt::join(kMetrics, ", ")));
         }
     }
     if (r.measured.empty()) throw ConfigError(fmt::format("{}: no published figure", at));
@@ -116,7 +115,8 @@ std::vector<ValidationRow> rows_of(const std::vector<Resolved>& rs, const Consta
         const Plan p = evaluate(r.in.w, r.in.l, c);
         for (const auto& [metric, measured] : r.run->measured) {
             const double pred = predict(p, metric);
-            rows.push_back({r.run->name, r.run->split, metric, measured, pred, pred / measured - 1});
+            rows.push_back(
+                {r.run->name, r.run->split, metric, measured, pred, pred / measured - 1});
         }
     }
     return rows;
@@ -245,8 +245,8 @@ nlohmann::json to_json(const ValidationReport& r) {
     j["runs"] = r.runs;
     for (const auto& [group, splits] : r.stats) {
         for (const auto& [split, st] : splits) {
-            j["groups"][group][split] = {{"n", st.n}, {"median_abs_err", st.median},
-                                         {"p90_abs_err", st.p90}};
+            j["groups"][group][split] = {
+                {"n", st.n}, {"median_abs_err", st.median}, {"p90_abs_err", st.p90}};
         }
     }
     for (const auto& row : r.rows) {

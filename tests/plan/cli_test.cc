@@ -243,7 +243,8 @@ TEST(PlanCli, InconsistentLayoutsAreErrors) {
     EXPECT_NE(r.code, 0);
     EXPECT_NE(r.out.find("no experts"), std::string::npos) << r.out;
     // Keys the planner ignores are named in a warning, in both outputs.
-    r = run("plan --model gpt3-1.3b --gpus 8xA100-80GB --set parallel.sequence_parallel=true "
+    r =
+        run("plan --model gpt3-1.3b --gpus 8xA100-80GB --set parallel.sequence_parallel=true "
             "--json");
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_NE(nlohmann::json::parse(r.out)["warnings"].dump().find("sequence_parallel"),
@@ -251,8 +252,8 @@ TEST(PlanCli, InconsistentLayoutsAreErrors) {
 }
 
 TEST(PlanCli, ValidatePrintsBothSplits) {
-    const Result r = run(std::string("plan validate ") + APIARY_SOURCE_DIR +
-                         "/tests/plan/validation.toml");
+    const Result r =
+        run(std::string("plan validate ") + APIARY_SOURCE_DIR + "/tests/plan/validation.toml");
     ASSERT_EQ(r.code, 0) << r.out;
     for (const char* s : {"throughput", "iteration time", "fit", "holdout", "p90"}) {
         EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
@@ -279,6 +280,5 @@ TEST(PlanCli, ExpertsAndContextParallelism) {
     r = run("plan search --gpus 64xH100-SXM --global-batch 64 " + model + "--top 3 --json");
     ASSERT_EQ(r.code, 0) << r.out;
     o = nlohmann::json::parse(r.out);
-    EXPECT_GT(o["best"][0]["layout"]["cp"].get<int>() * o["best"][0]["layout"]["ep"].get<int>(),
-              1);
+    EXPECT_GT(o["best"][0]["layout"]["cp"].get<int>() * o["best"][0]["layout"]["ep"].get<int>(), 1);
 }

@@ -82,13 +82,13 @@ TEST(PlanSearch, LayoutsThatDoNotDivideAreConfigErrors) {
     }
     // Interleaving needs a pipeline; context parallelism a sequence it divides;
     // experts a model that has them.
-    EXPECT_THROW(input({"model.preset=gpt3-175b", "cluster.gpus=8", "parallel.schedule=interleaved"}),
-                 ConfigError);
-    EXPECT_THROW(input({"model.preset=gpt3-175b", "cluster.gpus=8", "parallel.cp=3",
-                        "train.seq_len=2048"}),
-                 ConfigError);
-    EXPECT_THROW(input({"model.preset=gpt3-175b", "cluster.gpus=8", "parallel.ep=2"}),
-                 ConfigError);
+    EXPECT_THROW(
+        input({"model.preset=gpt3-175b", "cluster.gpus=8", "parallel.schedule=interleaved"}),
+        ConfigError);
+    EXPECT_THROW(
+        input({"model.preset=gpt3-175b", "cluster.gpus=8", "parallel.cp=3", "train.seq_len=2048"}),
+        ConfigError);
+    EXPECT_THROW(input({"model.preset=gpt3-175b", "cluster.gpus=8", "parallel.ep=2"}), ConfigError);
     try {
         input({"model.preset=gpt3-175b", "train.seq_len=4096"});
         FAIL();

@@ -62,6 +62,23 @@ std::string format_rate(double r) {
 // Everything that can be wrong with the config, checked before any file is
 // touched or any large buffer allocated.
 void validate_layout(const core::Config& c) {
+    // Keys the planner models but the trainer cannot train (yet).
+    for (const char* axis : {"parallel.cp", "parallel.ep"}) {
+        if (c.get_int(axis) != 1) {
+            throw ConfigError(fmt::format("{} = {}: context and expert parallelism are modelled by "
+                                          "`apiary plan` only; the trainer needs it to be 1",
+                                          axis, c.get_int(axis)));
+        }
+    }
+    if (c.get_string("train.precision") == "fp8") {
+        throw ConfigError("train.precision = 'fp8' is modelled by `apiary plan` only; the trainer "
+                          "trains in fp32, bf16 or fp16");
+    }
+    if (const std::string what = core::model_spec_from(c).trainer_unsupported(); !what.empty()) {
+        throw ConfigError(fmt::format("{}: `apiary plan` models it, the trainer does not train it; "
+                                      "leave it unset for apiary train",
+                                      what));
+    }
     for (const char* axis : {"parallel.tp", "parallel.pp"}) {
         if (c.get_int(axis) != 1) {
             throw ConfigError(fmt::format(

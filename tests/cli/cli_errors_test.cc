@@ -232,3 +232,12 @@ TEST_F(CliErrors, ByteTokenizerWithShardsIsRefused) {
     expect_error(train("--set data.curriculum_start=8"), "needs data.curriculum_steps > 0");
     EXPECT_FALSE(fs::exists(dir_ / "run"));
 }
+
+TEST_F(CliErrors, PlannerOnlySettingsAreRefusedByTheTrainer) {
+    expect_error(train("--set parallel.cp=2"), "parallel.cp = 2: context and expert parallelism");
+    expect_error(train("--set parallel.ep=2"), "parallel.ep = 2");
+    expect_error(train("--set train.precision=fp8"), "modelled by `apiary plan` only");
+    expect_error(train("--set model.n_expert=8 --set model.n_expert_active=2"),
+                 "model.n_expert = 8 (mixture of experts)");
+    EXPECT_FALSE(fs::exists(dir_ / "run"));
+}

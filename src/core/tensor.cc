@@ -11,7 +11,19 @@
 
 namespace apiary::core {
 
-size_t dtype_size(DType dt) { return dt == DType::f32 ? 4 : 2; }
+size_t dtype_size(DType dt) {
+    switch (dt) {
+        case DType::f32:
+            return 4;
+        case DType::bf16:
+        case DType::f16:
+            return 2;
+        case DType::i64:
+        case DType::f64:
+            return 8;
+    }
+    return 0;
+}
 
 const char* dtype_name(DType dt) {
     switch (dt) {
@@ -21,6 +33,10 @@ const char* dtype_name(DType dt) {
             return "bf16";
         case DType::f16:
             return "f16";
+        case DType::i64:
+            return "i64";
+        case DType::f64:
+            return "f64";
     }
     return "?";
 }

@@ -385,7 +385,7 @@ void Transformer::init_into(uint64_t seed, float* p) const {
         // The stream is a hash of the name and the element's global index:
         // initialisation that does not depend on the layout.
         const core::Philox rng(seed, XXH64(e.name.data(), e.name.size(), 0));
-        e.for_each_run([&](int64_t global, int64_t local, int64_t len) {
+        e.placement().for_each_run([&](int64_t global, int64_t local, int64_t len) {
 #pragma omp parallel for schedule(static)
             for (int64_t i = 0; i < len; ++i) {
                 dst[local + i] = rng.normal(uint64_t(global + i)) * std;

@@ -16,26 +16,8 @@ int64_t ParamInfo::numel() const { return product(shape); }
 
 int64_t ParamInfo::global_numel() const { return product(global_shape); }
 
-void ParamInfo::for_each_run(const std::function<void(int64_t, int64_t, int64_t)>& fn) const {
-    if (!split()) {
-        fn(0, 0, numel());
-        return;
-    }
-    // Elements per index of `dim` (inner) and the number of outer slices.
-    int64_t inner = 1, outer = 1;
-    for (size_t d = size_t(shard.dim) + 1; d < global_shape.size(); ++d) inner *= global_shape[d];
-    for (int d = 0; d < shard.dim; ++d) outer *= global_shape[size_t(d)];
-    const int64_t global_dim = global_shape[size_t(shard.dim)];
-    const int64_t local_dim = shape[size_t(shard.dim)];
-    int64_t local = 0;
-    for (int64_t o = 0; o < outer; ++o) {
-        int64_t at = 0;  // position along dim in the local tensor
-        for (const auto& [start, len] : shard.pieces) {
-            fn((o * global_dim + start) * inner, (o * local_dim + at) * inner, len * inner);
-            at += len;
-            local += len * inner;
-        }
-    }
+core::Placement ParamInfo::placement() const {
+    return {global_shape, shape, shard.dim, shard.pieces};
 }
 
 ParamInfo& ParamRegistry::add(const std::string& name, std::vector<int64_t> shape, bool decay,

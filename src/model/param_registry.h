@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/placement.h"
+
 namespace apiary::model {
 
 struct Shard {
@@ -47,10 +49,8 @@ struct ParamInfo {
     int64_t numel() const;
     int64_t global_numel() const;
     bool split() const { return shard.dim >= 0; }
-    // Calls fn(global_flat_start, local_flat_start, length) for every
-    // maximal run of local elements that is contiguous in the global tensor,
-    // in local order.
-    void for_each_run(const std::function<void(int64_t, int64_t, int64_t)>& fn) const;
+    // Its place in the global tensor (core/placement.h).
+    core::Placement placement() const;
 };
 
 class ParamRegistry {

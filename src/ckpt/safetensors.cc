@@ -135,19 +135,23 @@ FileDigest write_safetensors(const std::string& path, const std::vector<TensorEn
     return atomic_write_parts(path, parts);
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+SafetensorsFile::SafetensorsFile(const std::string& path, bool header_only) : path_(path) {
     std::ifstream in(path, std::ios::binary | std::ios::ate);
     if (!in) throw IoError(fmt::format("{}: cannot open", path));
     const auto size = size_t(in.tellg());
     if (size < 8) {
         throw IoError(fmt::format("{}: {} bytes is too short for a safetensors file", path, size));
     }
-    bytes_.resize(size);
-    in.seekg(0);
-    in.read(reinterpret_cast<char*>(bytes_.data()), std::streamsize(size));
-    if (!in) throw IoError(fmt::format("{}: read failed", path));
     uint64_t hlen = 0;
-    std::memcpy(&hlen, bytes_.data(), 8);
+    in.seekg(0);
+    in.read(reinterpret_cast<char*>(&hlen), 8);
+    if (!in) throw IoError(fmt::format("{}: read failed", path));
+    const size_t keep = header_only ? size_t(8 + std::min<uint64_t>(hlen, size - 8)) : size;
+    bytes_.resize(keep);
+    in.seekg(0);
+    in.read(reinterpret_cast<char*>(bytes_.data()), std::streamsize(keep));
+    if (!in) throw IoError(fmt::format("{}: read failed", path));
+    header_only_ = header_only;
     if (hlen > size - 8 || hlen > (100u << 20)) {
         throw IoError(
             fmt::format("{}: header length {} at byte 0 exceeds the file ({} bytes): "
@@ -198,8 +202,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
                 throw IoError(fmt::format("shape needs {} bytes but data_offsets span {}",
                                           numel * width, offs[1] - offs[0]));
             }
-            e.data = bytes_.data() + data_start_ + offs[0];
+            e.data = header_only ? nullptr : bytes_.data() + data_start_ + offs[0];
             e.nbytes = offs[1] - offs[0];
+            e.file_offset = data_start_ + offs[0];
             ranges.emplace_back(offs[0], offs[1]);
             entries_[name] = std::move(e);
         } catch (const json::exception& ex) {
@@ -218,7 +223,37 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     }
 }
 
+void SafetensorsFile::read_bytes(const std::string& name, uint64_t offset, size_t n,
+                                 void* dst) const {
+    const TensorEntry& e = entry(name);
+    if (offset + n > e.nbytes) {
+        throw IoError(fmt::format("{}: bytes [{}, {}) of tensor '{}' ({} bytes)", path_, offset,
+                                  offset + n, name, e.nbytes));
+    }
+    if (!header_only_) {
+        std::memcpy(dst, static_cast<const char*>(e.data) + offset, n);
+        return;
+    }
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw IoError(fmt::format("{}: cannot open: {}", path_, std::strerror(errno)));
+    size_t done = 0;
+    while (done < n) {
+        const ssize_t r = ::pread(fd, static_cast<char*>(dst) + done, n - done,
+                                  off_t(e.file_offset + offset + done));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            const int err = r < 0 ? errno : 0;
+            ::close(fd);
+            throw IoError(fmt::format("{}: reading tensor '{}' failed: {}", path_, name,
+                                      err ? std::strerror(err) : "unexpected end of file"));
+        }
+        done += size_t(r);
+    }
+    ::close(fd);
+}
+
 FileDigest SafetensorsFile::digest() const {
+    APIARY_CHECK(!header_only_, "{}: digest of a file read header-only", path_);
     return {uint64_t(bytes_.size()), XXH64(bytes_.data(), bytes_.size(), 0)};
 }
 
@@ -246,7 +281,7 @@ void SafetensorsFile::read_f32(const std::string& name, const std::vector<int64_
         throw IoError(fmt::format("{}: tensor '{}' has shape [{}], expected [{}]", path_, name,
                                   fmt::join(e.shape, ", "), fmt::join(shape, ", ")));
     }
-    std::memcpy(dst, e.data, e.nbytes);
+    read_bytes(name, 0, e.nbytes, dst);
 }
 
 std::vector<double> SafetensorsFile::read_as_f64(const std::string& name) const {
@@ -254,7 +289,9 @@ std::vector<double> SafetensorsFile::read_as_f64(const std::string& name) const 
     const size_t width = dtype_bytes(e.dtype);
     const size_t n = e.nbytes / width;
     std::vector<double> out(n);
-    const auto* p = static_cast<const uint8_t*>(e.data);
+    std::vector<uint8_t> raw(e.nbytes);
+    read_bytes(name, 0, e.nbytes, raw.data());
+    const uint8_t* p = raw.data();
     for (size_t i = 0; i < n; ++i) {
         const uint8_t* q = p + i * width;
         if (e.dtype == "F64") {

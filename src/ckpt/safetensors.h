@@ -15,8 +15,9 @@ struct TensorEntry {
     std::string name;
     std::string dtype;  // "F32", "BF16", "F16", "I32", ...
     std::vector<int64_t> shape;
-    const void* data = nullptr;  // for writing
+    const void* data = nullptr;  // for writing; into the loaded bytes when read whole
     size_t nbytes = 0;
+    uint64_t file_offset = 0;  // when read: where its bytes start in the file
 };
 
 // Size and xxh64 (seed 0) of a file's bytes: what checkpoints record per
@@ -39,7 +40,12 @@ class SafetensorsFile {
   public:
     // Reads and validates the whole file; throws IoError naming the file and
     // what is wrong (truncated, bad header, overlapping or out-of-range data).
-    explicit SafetensorsFile(const std::string& path);
+    // header_only: reads and validates the header alone; tensor bytes are
+    // then read on demand with read_bytes (sharded checkpoints read only
+    // the slices a rank needs).
+    explicit SafetensorsFile(const std::string& path, bool header_only = false);
+    // n bytes of tensor `name` from byte `offset` within it (pread).
+    void read_bytes(const std::string& name, uint64_t offset, size_t n, void* dst) const;
 
     const std::map<std::string, std::string>& metadata() const { return metadata_; }
     std::vector<std::string> names() const;
@@ -54,6 +60,7 @@ class SafetensorsFile {
 
   private:
     std::string path_;
+    bool header_only_ = false;
     std::vector<uint8_t> bytes_;
     size_t data_start_ = 0;
     std::map<std::string, TensorEntry> entries_;

@@ -62,7 +62,7 @@ int sample(std::vector<float>& logits, double temperature, int top_k, const core
 // none for byte-level checkpoints from before the token loader.
 std::optional<data::Tokenizer> run_tokenizer(const GenerateArgs& a, const train::CheckpointRef& ck,
                                              const core::ModelSpec& spec) {
-    const std::string where = ck.dir + "/meta.json";
+    const std::string where = ck.dir;
     const std::string name = ck.meta.value("tokenizer", "");
     if (name == "byte" && a.tokenizer.empty()) return std::nullopt;
     if (name.empty() && a.tokenizer.empty()) {
@@ -96,7 +96,7 @@ void run(const GenerateArgs& a) {
             fmt::format("--temperature = {}: give a number >= 0 (0: greedy)", a.temperature));
     }
     const train::CheckpointRef ckpt = train::latest_checkpoint(a.run_dir);
-    const std::string where = ckpt.dir + "/meta.json";
+    const std::string where = ckpt.dir;
     const core::ModelSpec spec = train::spec_from_json(ckpt.meta.at("model"), where);
     const std::optional<data::Tokenizer> tok = run_tokenizer(a, ckpt, spec);
     if (a.prompt.empty()) throw ConfigError("--prompt is empty; give at least one character");

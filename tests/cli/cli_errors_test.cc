@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "../cli_util.h"
 
@@ -115,7 +116,8 @@ TEST_F(CliErrors, GenerateRejectsForeignCheckpoint) {
     const fs::path ck = dir_ / "foreign" / "ckpt" / "step_00000001";
     fs::create_directories(ck);
     std::ofstream(dir_ / "foreign" / "ckpt" / "latest") << "step_00000001";
-    std::ofstream(ck / "meta.json") << R"({"format": "something-else", "version": 1})";
+    std::ofstream(ck / "manifest.json")
+        << R"({"format": "something-else", "version": 2, "files": {}, "chunks": []})";
     expect_error(run_command(apiary_bin() + " generate --run " + (dir_ / "foreign").string()),
                  "not an apiary checkpoint");
 }
@@ -123,24 +125,26 @@ TEST_F(CliErrors, GenerateRejectsForeignCheckpoint) {
 TEST_F(CliErrors, GenerateRejectsTruncatedWeights) {
     // A real run, then its weights file cut short.
     ASSERT_EQ(train("").exit_code, 0);
-    const fs::path w = dir_ / "run" / "ckpt" / "step_00000002" / "model.safetensors";
+    const fs::path w = dir_ / "run" / "ckpt" / "step_00000002" / "rank_00000.safetensors";
     ASSERT_TRUE(fs::exists(w));
     fs::resize_file(w, fs::file_size(w) / 2);
     expect_error(run_command(apiary_bin() + " generate --run " + (dir_ / "run").string()),
-                 "model.safetensors");
+                 "rank_00000.safetensors: " + std::to_string(fs::file_size(w)) + " bytes");
 }
 
 TEST_F(CliErrors, UnsupportedLayoutIsRefusedBeforeWork) {
-    expect_error(train("--set parallel.tp=2"), "parallel.tp = 2");
+    expect_error(train("--set parallel.tp=2"), "world size 1 is not divisible by tp(2)");
     EXPECT_FALSE(fs::exists(dir_ / "run"));
 }
 
 TEST_F(CliErrors, DamagedCheckpointMetaIsRefusedNotRetrained) {
     ASSERT_EQ(train("").exit_code, 0);
-    std::ofstream(dir_ / "run" / "ckpt" / "step_00000002" / "meta.json", std::ios::trunc)
-        << R"({"format": "apiary.checkpoint", "version": 1})";
+    const fs::path manifest = dir_ / "run" / "ckpt" / "step_00000002" / "manifest.json";
+    nlohmann::json m = nlohmann::json::parse(std::ifstream(manifest));
+    m.erase("step");
+    std::ofstream(manifest, std::ios::trunc) << m.dump();
     expect_error(run_command(apiary_bin() + " generate --run " + (dir_ / "run").string()),
-                 "meta.json: 'step' is missing");
+                 "manifest.json: 'step' is missing");
     expect_error(run_command(apiary_bin() + " train --resume " + (dir_ / "run").string() +
                              " --set train.steps=4"),
                  "no earlier intact checkpoint");

@@ -17,6 +17,7 @@
 
 #include "../cli_util.h"
 #include "ckpt/safetensors.h"
+#include "ckpt/sharded.h"
 
 using namespace apiary::testing;
 namespace fs = std::filesystem;
@@ -169,18 +170,23 @@ TEST_F(RunSafety, AFullDiskUnderMetricsIsLoudAndLeavesNoBrokenLine) {
 TEST_F(RunSafety, AFlippedByteIsDetectedAndThePreviousGoodCheckpointResumes) {
     const fs::path run = dir_ / "run";
     ASSERT_EQ(train("run", "--set train.steps=20 --set train.ckpt_every=10").exit_code, 0);
-    const fs::path weights = run / "ckpt" / "step_00000020" / "model.safetensors";
+    const fs::path file = run / "ckpt" / "step_00000020" / "rank_00000.safetensors";
     {
-        std::fstream f(weights, std::ios::in | std::ios::out | std::ios::binary);
-        f.seekg(-100, std::ios::end);
+        // One bit of one weight of the first block's attention.
+        const apiary::ckpt::SafetensorsFile st(file.string(), true);
+        const auto& e = st.entry("param/h.0.attn.c_attn.weight/0");
+        std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+        f.seekg(std::streamoff(e.file_offset + 40));
         char c = 0;
         f.read(&c, 1);
         c ^= 0x10;
-        f.seekp(-100, std::ios::end);
+        f.seekp(std::streamoff(e.file_offset + 40));
         f.write(&c, 1);
     }
     expect_error(run_command(apiary_bin() + " generate --run " + run.string() + " --tokens 2"),
-                 weights.string() + ": xxh64");
+                 "param tensor 'h.0.attn.c_attn.weight' elements [0, ");
+    expect_error(run_command(apiary_bin() + " ckpt verify " + run.string()),
+                 file.string() + ": xxh64");
     const auto r =
         run_command(apiary_bin() + " train --resume " + run.string() + " --set train.steps=25");
     expect_error(r, "does not match");
@@ -201,17 +207,19 @@ TEST_F(RunSafety, GenerateRefusesATensorTheModelDoesNotHave) {
     const fs::path run = dir_ / "run";
     ASSERT_EQ(train("run", "--set train.steps=2").exit_code, 0);
     const fs::path ck = run / "ckpt" / "step_00000002";
-    apiary::ckpt::SafetensorsFile file((ck / "model.safetensors").string());
-    std::vector<apiary::ckpt::TensorEntry> tensors;
-    for (const auto& name : file.names()) tensors.push_back(file.entry(name));
+    // A well-formed chunk of a tensor no such model has, in a file of its own.
     const float extra[4] = {1, 2, 3, 4};
-    tensors.push_back({"h.99.attn.c_attn.weight", "F32", {2, 2}, extra, sizeof(extra)});
-    const auto d = apiary::ckpt::write_safetensors((ck / "model.safetensors").string(), tensors,
-                                                   file.metadata());
-    json meta = read_json(ck / "meta.json");
-    meta["files"]["model.safetensors"] = {{"bytes", d.bytes},
-                                          {"xxh64", fmt::format("{:016x}", d.xxh64)}};
-    write_json(ck / "meta.json", meta);
+    apiary::ckpt::Chunk chunk;
+    chunk.tensor = "h.99.attn.c_attn.weight";
+    chunk.kind = "param";
+    chunk.place.global_shape = chunk.place.local_shape = {2, 2};
+    chunk.count = 4;
+    chunk.data = extra;
+    const json part = apiary::ckpt::write_chunks(ck.string(), "extra.safetensors", {chunk});
+    json manifest = read_json(ck / "manifest.json");
+    manifest["files"]["extra.safetensors"] = {{"bytes", part["bytes"]}, {"xxh64", part["xxh64"]}};
+    manifest["chunks"].push_back(part["chunks"][0]);
+    write_json(ck / "manifest.json", manifest);
     expect_error(run_command(apiary_bin() + " generate --run " + run.string() + " --tokens 2"),
                  "tensor 'h.99.attn.c_attn.weight' is not part of this model");
 }
@@ -219,7 +227,7 @@ TEST_F(RunSafety, GenerateRefusesATensorTheModelDoesNotHave) {
 TEST_F(RunSafety, MetaIntegersAreRangeChecked) {
     const fs::path run = dir_ / "run";
     ASSERT_EQ(train("run", "--set train.steps=2").exit_code, 0);
-    const fs::path meta_path = run / "ckpt" / "step_00000002" / "meta.json";
+    const fs::path meta_path = run / "ckpt" / "step_00000002" / "manifest.json";
     json meta = read_json(meta_path);
     // 2^32 + 1 layers would read as 1 through a 32-bit conversion.
     meta["model"]["n_layer"] = (int64_t(1) << 32) + 1;
@@ -231,13 +239,13 @@ TEST_F(RunSafety, MetaIntegersAreRangeChecked) {
 TEST_F(RunSafety, AStepTheOptimizerDisagreesWithIsRefused) {
     const fs::path run = dir_ / "run";
     ASSERT_EQ(train("run", "--set train.steps=4").exit_code, 0);
-    const fs::path meta_path = run / "ckpt" / "step_00000004" / "meta.json";
+    const fs::path meta_path = run / "ckpt" / "step_00000004" / "manifest.json";
     json meta = read_json(meta_path);
     meta["loss_scaler"]["skipped_steps"] = 3;
     write_json(meta_path, meta);
     expect_error(
         run_command(apiary_bin() + " train --resume " + run.string() + " --set train.steps=6"),
-        "the optimizer has taken 4 steps, but meta.json says step 4 with 3 skipped");
+        "the optimizer has taken 4 steps, but the checkpoint says step 4 with 3 skipped");
 }
 
 TEST_F(RunSafety, CheckpointKeepRemovesOlderOnesAndPartialSavesGo) {
@@ -261,7 +269,7 @@ TEST_F(RunSafety, CheckpointKeepRemovesOlderOnesAndPartialSavesGo) {
         run_command(apiary_bin() + " train --resume " + run.string() + " --set train.steps=21");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_FALSE(fs::exists(run / "ckpt" / "step_00000022"));
-    EXPECT_TRUE(fs::exists(run / "ckpt" / "step_00000021" / "meta.json"));
+    EXPECT_TRUE(fs::exists(run / "ckpt" / "step_00000021" / "manifest.json"));
     EXPECT_FALSE(fs::exists(run / "ckpt" / "step_00000015"));
 }
 

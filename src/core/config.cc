@@ -432,6 +432,12 @@ void add_shared_keys(Schema& s) {
               0, 1 << 20);
     s.add_string("parallel.schedule", "1f1b", "pipeline schedule: gpipe, 1f1b or interleaved",
                  {"gpipe", "1f1b", "interleaved"});
+    s.add_int("parallel.virtual_stages", 2,
+              "model chunks per pipeline stage under parallel.schedule = interleaved", 1, 1 << 10);
+    s.add_string("parallel.stage_layers", "",
+                 "blocks per pipeline stage (per virtual stage when interleaved), comma-separated, "
+                 "e.g. \"5,4,3\" (empty: balanced by the planner's cost model, the head's "
+                 "cost included)");
     s.add_string("parallel.axis_order", "tp,pp,dp",
                  "mesh axes from fastest-varying (neighbouring ranks) to slowest");
 }

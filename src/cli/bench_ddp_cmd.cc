@@ -166,6 +166,8 @@ void bench_parallel(const ParallelArgs& a) {
                            {"pp_wait_s", median(pp_s)},
                            {"bubble", median(bubble)},
                            {"dp_exposed_s", median(exposed_s)},
+                           {"forward_op_s", engine.times().forward_op},
+                           {"backward_op_s", engine.times().backward_op},
                            {"tp_bytes", engine.tp_bytes()},
                            {"pp_bytes", engine.pp_bytes()},
                            {"flat_floats", engine.model().flat_size()},
@@ -183,6 +185,23 @@ void bench_parallel(const ParallelArgs& a) {
     const double tps = double(a.global_batch) * a.seq / step;
     double bubble_max = 0;
     for (const auto& r : ranks) bubble_max = std::max(bubble_max, r["bubble"].get<double>());
+    // The schedule replayed with each stage's measured op times: the bubble
+    // the per-stage timings imply, free of this machine's scheduling noise.
+    std::vector<double> fwd(size_t(layout.pp()), 0.0), bwd(size_t(layout.pp()), 0.0);
+    std::vector<int> count(size_t(layout.pp()), 0);
+    for (const auto& r : ranks) {
+        const size_t st = size_t(r["pp"].get<int>());
+        fwd[st] += r["forward_op_s"].get<double>();
+        bwd[st] += r["backward_op_s"].get<double>();
+        count[st] += 1;
+    }
+    for (size_t st = 0; st < fwd.size(); ++st) {
+        fwd[st] /= count[st];
+        bwd[st] /= count[st];
+    }
+    const auto replay = parallel::replay_idle(
+        layout.pp() > 1 ? layout.schedule : parallel::ScheduleKind::one_f_one_b, layout.pp(),
+        layout.microbatches, layout.virtual_stages, fwd, bwd);
     const nlohmann::json out = {
         {"preset", a.preset},
         {"ranks", n},

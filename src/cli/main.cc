@@ -3,12 +3,15 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <new>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "cli/command.h"
+#include "comm/mpi_backend.h"
 #include "core/error.h"
 #include "core/signals.h"
 
@@ -64,6 +67,7 @@ int main(int argc, char** argv) {
     for (const auto& [name, setup] : commands) setup(app);
 
     int code = 0;
+    const int rank = comm::launch_rank();
     try {
         app.parse(argc, argv);
         code = cli::g_exit_code;
@@ -71,9 +75,20 @@ int main(int argc, char** argv) {
         code = app.exit(e);
         // CLI11 uses 0 for --help; anything else is a usage error.
         if (code != 0) code = 2;
+    } catch (const ConfigError& e) {
+        // Every rank checks the same config and fails alike: the first one
+        // says so; the others give it time to before the job is aborted.
+        std::fflush(stdout);
+        if (rank <= 0) {
+            fmt::print(stderr, "apiary: error: {}\n", e.what());
+        } else {
+            std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        }
+        code = 1;
     } catch (const Error& e) {
         std::fflush(stdout);
-        fmt::print(stderr, "apiary: error: {}\n", e.what());
+        fmt::print(stderr, "apiary: error: {}{}\n", rank > 0 ? fmt::format("rank {}: ", rank) : "",
+                   e.what());
         code = 1;
     } catch (const std::bad_alloc&) {
         std::fflush(stdout);

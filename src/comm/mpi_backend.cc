@@ -472,6 +472,13 @@ bool launched_by_mpi() {
            std::getenv("PMIX_RANK") || std::getenv("SLURM_PROCID");
 }
 
+int launch_rank() {
+    for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+        if (const char* v = std::getenv(var)) return std::atoi(v);
+    }
+    return -1;
+}
+
 void abort_mpi(int code) {
     int inited = 0, finalized = 0;
     MPI_Initialized(&inited);

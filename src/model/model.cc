@@ -220,6 +220,11 @@ void Transformer::build_registry() {
             ParamInfo& e = r.add("wpe.weight", {spec_.max_seq_len, C}, true, -1);
             e.tp_partial_grad = shard_.sequence_parallel;
         }
+    } else if (shard_.head && spec_.tie_embeddings) {
+        // The last pipeline stage's copy of the tied embedding, in unit 0
+        // like the first stage's: backward reports it complete last, so its
+        // data-parallel reduction can wait for the sum with the first stage.
+        vocab_matrix(wte).tied_copy = true;
     }
     r.align(flat_multiple_);
     for (int l : local_layers_) {
@@ -235,12 +240,7 @@ void Transformer::build_registry() {
             b.init = Init::zeros;
             b.tp_partial_grad = shard_.sequence_parallel;
         }
-        if (!spec_.tie_embeddings) {
-            vocab_matrix("lm_head.weight");
-        } else if (!shard_.embedding) {
-            // The last pipeline stage's copy of the tied embedding.
-            vocab_matrix(wte).tied_copy = true;
-        }
+        if (!spec_.tie_embeddings) vocab_matrix("lm_head.weight");
     }
     r.align(flat_multiple_);
 }

@@ -49,8 +49,9 @@ void Transformer::allocate_activations() {
     // micro-batch, the others point at the shared work set.
     enum Part { always, attention_core, other };
     auto layout = [&](LayerActs& a, bool shared) {
-        auto keep = [&](Part part) {
-            if (shared) return true;
+        // What this mode keeps per micro-batch; the rest lives once, in the
+        // shared work set, where backward recomputes it.
+        auto kept = [&](Part part) {
             switch (shard_.recompute) {
                 case Recompute::none:
                     return true;
@@ -61,13 +62,15 @@ void Transformer::allocate_activations() {
             }
             return true;
         };
+        auto keep = [&](Part part) { return shared ? !kept(part) : kept(part); };
         auto f32 = [&](int64_t count, Part part, int64_t work_at, int64_t transient_at) {
-            if (!keep(part)) return work_at;
+            if (!keep(part)) return shared ? int64_t(0) : work_at;
             return transient_at >= 0 ? transient_at : take(count);
         };
         auto bf = [&](int64_t count, Part part, int64_t work_at) {
             if (!bf16) return int64_t(0);
-            return keep(part) ? take_half(count) : work_at;
+            if (!keep(part)) return shared ? int64_t(0) : work_at;
+            return take_half(count);
         };
         const int64_t tr = bf16 ? transient : -1, trq = bf16 ? transient_qkv : -1;
         a.norm1 = f32(N * C, other, work_.norm1, tr);
@@ -355,6 +358,9 @@ void Transformer::backward(int chunk, int slot, const float* grad_output) {
     if (c.embedding) {
         use_grads(embed_unit());
         embed_backward(s);
+    }
+    if (chunk == 0) {
+        // Unit 0 (the embedding, or a tied copy of it) is complete last.
         done_grads(embed_unit());
         report_ready(0);
     }

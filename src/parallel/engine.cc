@@ -264,7 +264,10 @@ void Engine::forward_op(const PipeOp& op, const int32_t* rows, int64_t B, int64_
     if (j > 0) recv(io_.f32(), n, (s - 1 + p) % p, activation_tag(op.chunk));
     const auto t0 = Clock::now();
     model_->forward(op.chunk, slot, tokens_.data(), j > 0 ? io_.f32() : nullptr, B, T);
-    times_.compute += since(t0);
+    const double dt = since(t0);
+    times_.compute += dt;
+    times_.forward_op += dt;
+    times_.forward_ops += 1;
     if (j < last) {
         send(model_->output(op.chunk, slot), n, (s + 1) % p,
              activation_tag(s == p - 1 ? op.chunk + 1 : op.chunk));
@@ -293,7 +296,10 @@ void Engine::backward_op(const PipeOp& op, const int32_t* rows, int64_t B, int64
         }
     }
     model_->backward(op.chunk, slot, j < last ? io_.f32() : nullptr);
-    times_.compute += since(t0);
+    const double dt = since(t0);
+    times_.compute += dt;
+    times_.backward_op += dt;
+    times_.backward_ops += 1;
     model_->set_grad_ready_hook(nullptr);
     if (j > 0) {
         send(model_->input_grad(), n, (s - 1 + p) % p,
@@ -417,6 +423,8 @@ StepResult Engine::train_step(const int32_t* rows, int64_t n_rows, int64_t T, do
     times_.dp_exposed = sync_ ? sync_->exposed_seconds() : 0.0;
     times_.tp_comm = tp_ ? tp_->seconds() : 0.0;
     times_.compute -= times_.tp_comm;
+    if (times_.forward_ops) times_.forward_op /= times_.forward_ops;
+    if (times_.backward_ops) times_.backward_op /= times_.backward_ops;
 
     // The step's scalars: the loss over the global batch (counted once: by
     // the last stage's first tensor-parallel rank) and the stop request.

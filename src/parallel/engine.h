@@ -61,6 +61,10 @@ struct StepTimes {
     double pp_wait = 0;     // waiting for a pipeline neighbour's message
     double dp_exposed = 0;  // data-parallel communication not hidden behind backward
     double optimizer = 0;   // norm, scaler, AdamW, parameter gather
+    // Mean seconds of one forward / backward op (a chunk on a micro-batch):
+    // the per-stage timings a schedule replay takes (schedule.h).
+    double forward_op = 0, backward_op = 0;
+    int forward_ops = 0, backward_ops = 0;
     double bubble() const { return total > 0 ? pp_wait / total : 0.0; }
 };
 

@@ -92,10 +92,59 @@ int slots_needed(const std::vector<PipeOp>& ops) {
 
 double ideal_bubble(int p, int m, int v) { return double(p - 1) / double(v * m + p - 1); }
 
-std::string check_schedules(ScheduleKind kind, int p, int m, int v) {
-    // Virtual stage j = chunk * p + stage; data flows j -> j + 1.
+std::vector<double> replay_idle(ScheduleKind kind, int p, int m, int v,
+                                const std::vector<double>& fwd, const std::vector<double>& bwd) {
+    APIARY_CHECK(int(fwd.size()) == p && int(bwd.size()) == p, "{} stages, {} / {} op times", p,
+                 fwd.size(), bwd.size());
     std::vector<std::vector<PipeOp>> ops(static_cast<size_t>(p));
     for (int s = 0; s < p; ++s) ops[size_t(s)] = pipeline_schedule(kind, p, s, m, v);
+    const int last = p * v - 1;
+    // When each (virtual stage, micro-batch)'s forward and backward ended.
+    std::map<std::pair<int, int>, double> f_end, b_end;
+    std::vector<size_t> at(static_cast<size_t>(p), 0);
+    std::vector<double> clock(static_cast<size_t>(p), 0.0), busy(static_cast<size_t>(p), 0.0);
+    for (bool moved = true; moved;) {
+        moved = false;
+        for (int s = 0; s < p; ++s) {
+            auto& i = at[size_t(s)];
+            if (i == ops[size_t(s)].size()) continue;
+            const PipeOp& op = ops[size_t(s)][i];
+            const int j = op.chunk * p + s;
+            double ready = 0;
+            if (op.forward && j > 0) {
+                const auto it = f_end.find({j - 1, op.micro});
+                if (it == f_end.end()) continue;
+                ready = it->second;
+            }
+            if (!op.forward && j < last) {
+                const auto it = b_end.find({j + 1, op.micro});
+                if (it == b_end.end()) continue;
+                ready = it->second;
+            }
+            const double dur = op.forward ? fwd[size_t(s)] : bwd[size_t(s)];
+            const double start = std::max(clock[size_t(s)], ready);
+            clock[size_t(s)] = start + dur;
+            busy[size_t(s)] += dur;
+            (op.forward ? f_end : b_end)[{j, op.micro}] = start + dur;
+            ++i;
+            moved = true;
+        }
+    }
+    const double makespan = *std::max_element(clock.begin(), clock.end());
+    std::vector<double> idle;
+    for (int s = 0; s < p; ++s) idle.push_back(1.0 - busy[size_t(s)] / makespan);
+    return idle;
+}
+
+std::string check_schedules(ScheduleKind kind, int p, int m, int v) {
+    std::vector<std::vector<PipeOp>> ops(static_cast<size_t>(p));
+    for (int s = 0; s < p; ++s) ops[size_t(s)] = pipeline_schedule(kind, p, s, m, v);
+    return check_schedules(ops, v);
+}
+
+std::string check_schedules(const std::vector<std::vector<PipeOp>>& ops, int v) {
+    // Virtual stage j = chunk * p + stage; data flows j -> j + 1.
+    const int p = int(ops.size());
     const int last = p * v - 1;
     // Messages in flight per (receiving virtual stage, kind): micro-batch ids
     // in send order.

@@ -43,6 +43,15 @@ int slots_needed(const std::vector<PipeOp>& ops);
 // received in the order it is sent, and running the ranks with blocking
 // receives and non-blocking sends ends. Returns "" or what goes wrong.
 std::string check_schedules(ScheduleKind kind, int p, int m, int v);
+// The same for given op lists, one per stage.
+std::string check_schedules(const std::vector<std::vector<PipeOp>>& ops, int v);
+
+// Replays the schedule with each stage's forward and backward op taking
+// fwd[stage] and bwd[stage] seconds (per chunk and micro-batch) and
+// messages arriving at once: each stage's idle fraction of the step
+// (makespan). With equal times it is ideal_bubble() on every stage.
+std::vector<double> replay_idle(ScheduleKind kind, int p, int m, int v,
+                                const std::vector<double>& fwd, const std::vector<double>& bwd);
 
 // Fraction of a step a stage idles in the ideal schedule, (p - 1) / (v m +
 // p - 1) for 1F1B and GPipe with equal stage times (interleaving divides the

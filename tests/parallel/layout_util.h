@@ -54,8 +54,9 @@ class LayoutRuns {
     // ||b - a|| / ||a - init|| over every parameter: how far two runs ended
     // apart, relative to how far training moved them.
     double update_difference(const std::string& a, const std::string& b, const std::string& init,
-                             int step) const {
-        const auto pa = params(a, step), pb = params(b, step), p0 = params(init, 1);
+                             int step, int step_b = -1) const {
+        const auto pa = params(a, step), pb = params(b, step_b < 0 ? step : step_b),
+                   p0 = params(init, 1);
         EXPECT_EQ(pa.size(), pb.size()) << a << " vs " << b;
         double diff = 0, moved = 0;
         for (const auto& [name, va] : pa) {

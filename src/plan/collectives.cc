@@ -61,12 +61,18 @@ Path group_path(const Cluster& c, Group g) {
 
 namespace {
 
-// tree_ok: all-gather and reduce-scatter have no tree algorithm in NCCL (ring
-// only), so their latency grows with n whatever cluster.collective says.
+// tree_ok: all-gather and reduce-scatter have neither a tree nor a
+// hierarchical algorithm in NCCL: one flat ring over all members (NCCL
+// 2.x tuning tables: ncclFuncAllGather / ncclFuncReduceScatter support
+// NCCL_ALGO_RING only, CollNet/NVLS aside), so their latency grows with n
+// as (n - 1) alpha unless cluster.collective = hierarchical says the library
+// does better. This is what makes DeepSpeed's 2021 ZeRO-3 collapse at
+// 768-1,536 GPUs (Narayanan et al. 2021, Table 2).
 double all_reduce_path(const Cluster& c, const Path& p, long long n, double bytes, bool tree_ok,
                        bool own_nic = false) {
     if (n <= 1) return 0;
-    const Algo algo = !tree_ok && c.algo == Algo::tree ? Algo::ring : c.algo;
+    Algo algo = c.algo;
+    if (!tree_ok && (algo == Algo::tree || algo == Algo::automatic)) algo = Algo::ring;
     if (p.nodes == 1) {
         const double ring = ring_all_reduce_s(n, bytes, p.intra_bw, p.intra_alpha);
         const double tree = tree_ok ? tree_all_reduce_s(n, bytes, p.intra_bw, p.intra_alpha) : ring;

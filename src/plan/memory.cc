@@ -184,13 +184,24 @@ Memory stage_memory(const Workload& w, const Layout& l, const Cluster& c, int st
     // the cross entropy (4sbh/t + 4sbV/t).
     if (stage == 0 && m.arch == core::Arch::gpt2) act += sbh * mult / l.tp;
     if (stage == l.pp - 1) {
-        act += (2 * sbh * ab + 4.0 * s * l.micro_batch * double(m.vocab_size)) / l.tp;
+        // Unfused, the bf16 logits, their fp32 copy and its fp32 gradient
+        // are all live when the loss is differentiated: 10 sbV/t.
+        const double logits = c.fused_ce ? 4.0 : 10.0;
+        act += (2 * sbh * ab + logits * s * l.micro_batch * double(m.vocab_size)) / l.tp;
     }
     mem.activations = act;
+    mem.allocator = c.alloc_frac * act;
 
     double buf = c.dev.reserved_bytes;
     if (l.dp * l.cp > 1 && l.zero < 3) buf += std::min(p.total(), 40e6) * 4;  // fp32 DP bucket
-    if (l.zero >= 3) {
+    if (l.zero >= 3 && c.impl == Impl::fsdp && l.pp > 1) {
+        // FSDP under pipeline parallelism does not reshard after forward
+        // (torchtitan's parallelize_llama: per-micro-batch all-gathers would
+        // be exposed), so the stage's weights stay gathered in 16 bits, and
+        // their gradients accumulate unsharded until the last micro-batch,
+        // in the fp32 reduce dtype (FSDP2's unsharded_accumulated_grad).
+        buf += p.total() * (sb.weight + 4.0);
+    } else if (l.zero >= 3) {
         const double block = layer_params(m) / l.tp;
         buf += 2 * block * sb.weight;  // gathered + prefetched
     }

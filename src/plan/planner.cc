@@ -63,6 +63,8 @@ const char* impl_name(Impl i) {
     switch (i) {
         case Impl::megatron:
             return "megatron";
+        case Impl::megatron2019:
+            return "megatron-2019";
         case Impl::deepspeed:
             return "deepspeed";
         case Impl::fsdp:
@@ -73,11 +75,12 @@ const char* impl_name(Impl i) {
     return "?";
 }
 Impl parse_impl(const std::string& s) {
-    for (Impl i : {Impl::megatron, Impl::deepspeed, Impl::fsdp, Impl::apiary}) {
+    for (Impl i : {Impl::megatron, Impl::megatron2019, Impl::deepspeed, Impl::fsdp, Impl::apiary}) {
         if (s == impl_name(i)) return i;
     }
     throw ConfigError(fmt::format(
-        "cluster.implementation: unknown value '{}' (known: megatron, deepspeed, fsdp, apiary)",
+        "cluster.implementation: unknown value '{}' (known: megatron, megatron-2019, deepspeed, "
+        "fsdp, apiary)",
         s));
 }
 
@@ -86,18 +89,37 @@ namespace {
 // Fractions of the catalog's (Megatron-fitted) GEMM efficiency that the
 // other stacks reach, fitted on the validation set's fit split
 // (tests/plan/validation.toml; `apiary plan validate --fit`): DeepSpeed's
-// pipeline engine on MT-NLG 530B, PyTorch FSDP on MosaicML's MPT runs.
-constexpr double kDeepSpeedEff = 0.83;
-constexpr double kFsdpEff = 0.88;
+// pipeline engine on MT-NLG 530B, PyTorch FSDP on MosaicML's MPT runs,
+// Megatron-LM's 2019 code on its own single-V100 baseline (Shoeybi et al.
+// 2019, Section 5.1: 39 TFLOP/s where the 2020 V1.0 code ran 62).
+constexpr double kDeepSpeedEff = 0.81;
+constexpr double kFsdpEff = 0.85;
+constexpr double kMegatron2019Eff = 0.49;
+// Host seconds per kernel launch in PyTorch eager with Transformer Engine
+// (Python dispatch, autograd bookkeeping, the CUDA launch itself; a few to
+// tens of microseconds per operator), fitted on the fit split's dropless MoE
+// runs (Megatron-Bridge 26.02, Qwen3-30B-A3B).
+constexpr double kLaunchS = 33e-6;
+// Bytes PyTorch's caching allocator holds per byte of live activations
+// (fragmentation of freed blocks of other sizes), fitted on the fit split's
+// published peak reserved memory (torchtitan, docs/performance.md).
+constexpr double kAllocFrac = 0.33;
 
 }  // namespace
 
 void apply_profile(Cluster& c, Impl impl) {
     c.impl = impl;
     c.impl_eff = 1.0, c.pp_scatter = true, c.moe_overlap = 0, c.cp_overlap = 1;
-    c.dp_overlap = c.dev.dp_overlap, c.zero3_gathers = 1;
+    c.dp_overlap = c.dev.dp_overlap, c.zero3_gathers = 1, c.launch_s = kLaunchS;
+    c.fused_ce = true, c.alloc_frac = c.dev.kind == "cpu" ? 0.0 : kAllocFrac;
     switch (impl) {
         case Impl::megatron:
+            break;
+        case Impl::megatron2019:
+            // Megatron-LM 2019: no fused kernels yet, and its local
+            // DistributedDataParallel all-reduces the gradients after
+            // backward (model.allreduce_params in the training step).
+            c.impl_eff = kMegatron2019Eff, c.dp_overlap = 0;
             break;
         case Impl::deepspeed:
             // Pipeline engine: whole activations between stages, gradient
@@ -108,12 +130,14 @@ void apply_profile(Cluster& c, Impl impl) {
             break;
         case Impl::fsdp:
             // One flat parameter per block, gathered ahead of use and
-            // reduce-scattered behind backward (Zhao et al. 2023).
-            c.impl_eff = kFsdpEff, c.pp_scatter = false;
+            // reduce-scattered behind backward (Zhao et al. 2023); the loss
+            // is PyTorch's cross entropy on upcast logits.
+            c.impl_eff = kFsdpEff, c.pp_scatter = false, c.fused_ce = false;
             break;
         case Impl::apiary:
-            // This project's trainer: a blocking all-reduce after backward.
-            c.pp_scatter = false, c.dp_overlap = 0, c.zero3_gathers = 0;
+            // This project's trainer: a blocking all-reduce after backward,
+            // its own allocator.
+            c.pp_scatter = false, c.dp_overlap = 0, c.zero3_gathers = 0, c.alloc_frac = 0;
             break;
     }
 }
@@ -141,8 +165,9 @@ void add_keys(core::Schema& s) {
                "(-1: the device's: 1 for GPUs, 0 for CPU ranks)",
                -1, 1);
     s.add_string("cluster.implementation", "megatron",
-                 "software stack: megatron, deepspeed, fsdp or apiary (docs/planner.md)",
-                 {"megatron", "deepspeed", "fsdp", "apiary"});
+                 "software stack: megatron, megatron-2019, deepspeed, fsdp or apiary "
+                 "(docs/planner.md)",
+                 {"megatron", "megatron-2019", "deepspeed", "fsdp", "apiary"});
     s.add_int("cluster.zero3_gathers_per_block", -1,
               "ZeRO-3 all-gathers per block: 1 for FSDP-style flat parameters, 0 for one per "
               "weight tensor (12 for GPT, 9 for LLaMA); -1: the implementation's",
@@ -150,6 +175,11 @@ void add_keys(core::Schema& s) {
     s.add_real("cluster.moe_overlap", -1,
                "fraction of the expert all-to-all hidden behind compute (-1: the "
                "implementation's, 0)",
+               -1, 1);
+    s.add_real("cluster.cp_overlap", -1,
+               "fraction of the context-parallel key/value exchange hidden behind attention (-1: "
+               "the implementation's, 1 for ring attention; 0 for an all-gather of K and V "
+               "before attention, as Llama 3 did)",
                -1, 1);
     s.add_string("plan.attention", "flash",
                  "attention kernel: flash (fused, no stored scores; every run since 2022) or "
@@ -219,6 +249,7 @@ Cluster cluster_from(const core::Config& cfg, long long devices) {
     if (auto v = cfg.get_real("cluster.dp_overlap"); v >= 0) c.dp_overlap = v;
     if (auto v = cfg.get_int("cluster.zero3_gathers_per_block"); v >= 0) c.zero3_gathers = int(v);
     if (auto v = cfg.get_real("cluster.moe_overlap"); v >= 0) c.moe_overlap = v;
+    if (auto v = cfg.get_real("cluster.cp_overlap"); v >= 0) c.cp_overlap = v;
     c.pue = cfg.get_real("cluster.pue");
     c.idle_frac = cfg.get_real("cluster.idle_frac");
     c.network_w_per_device = cfg.get_real("cluster.network_w_per_device");
@@ -449,9 +480,10 @@ Plan evaluate(const Workload& w, const Layout& l, const Cluster& c) {
     if (!p.fits) {
         p.why = fmt::format(
             "needs {:.1f} GiB per device (params {:.1f}, grads {:.1f}, optimizer {:.1f}, "
-            "activations {:.1f}, buffers {:.1f}) but {} has {:.1f} GiB",
+            "activations {:.1f}, buffers {:.1f}, allocator {:.1f}) but {} has {:.1f} GiB",
             p.mem.total() / kGiB, p.mem.params / kGiB, p.mem.grads / kGiB, p.mem.optimizer / kGiB,
-            p.mem.activations / kGiB, p.mem.buffers / kGiB, c.dev.name, p.mem.capacity / kGiB);
+            p.mem.activations / kGiB, p.mem.buffers / kGiB, p.mem.allocator / kGiB, c.dev.name,
+            p.mem.capacity / kGiB);
     }
     return p;
 }

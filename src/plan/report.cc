@@ -64,8 +64,8 @@ nlohmann::json to_json(const Plan& p, const Cluster& c) {
     j["memory_gib"] = {
         {"params", p.mem.params / kGiB},       {"grads", p.mem.grads / kGiB},
         {"optimizer", p.mem.optimizer / kGiB}, {"activations", p.mem.activations / kGiB},
-        {"buffers", p.mem.buffers / kGiB},     {"total", p.mem.total() / kGiB},
-        {"capacity", p.mem.capacity / kGiB}};
+        {"buffers", p.mem.buffers / kGiB},     {"allocator", p.mem.allocator / kGiB},
+        {"total", p.mem.total() / kGiB},       {"capacity", p.mem.capacity / kGiB}};
     j["fits"] = p.fits;
     if (!p.fits) j["why"] = p.why;
     const auto& st = p.st;
@@ -132,6 +132,7 @@ std::string to_table(const Plan& p, const Cluster& c) {
     line("optimizer", fmt::format("{:10.2f}", p.mem.optimizer / kGiB));
     line("activations", fmt::format("{:10.2f}", p.mem.activations / kGiB));
     line("buffers", fmt::format("{:10.2f}", p.mem.buffers / kGiB));
+    line("allocator", fmt::format("{:10.2f}", p.mem.allocator / kGiB));
     line("total / capacity",
          fmt::format("{:10.2f} / {:.2f}", p.mem.total() / kGiB, p.mem.capacity / kGiB));
     if (!p.fits) s += fmt::format("  why: {}\n", p.why);

@@ -45,30 +45,94 @@ struct LayerCost {         // seconds for one block and one micro-batch on one d
     double fwd = 0;        // GEMMs + attention + elementwise
     double attn_core = 0;  // the part selective recomputation repeats
     double attn_bwd = 0;   // attention core backward (2x forward; 2.5x fused)
-    double cp_comm = 0;    // KV exchange of context parallelism, forward + backward
-    double a2a = 0;        // expert all-to-alls, forward + backward
+    // Forward and backward together, not scaled like the GEMMs: fp8 casts
+    // and the host-bound part of a dropless MoE block.
+    double once = 0;
+    double cp_comm = 0;  // KV exchange of context parallelism, forward + backward
+    double a2a = 0;      // expert all-to-alls, forward + backward
 };
 
+// A GEMM's time on the roofline (Williams, Waterman & Patterson 2009): its
+// FLOPs at the size-dependent fraction of peak plus the HBM traffic of its
+// operands (A and B read once, C written once). The two are added rather
+// than overlapped: a small GEMM (a fine-grained expert, a narrow model)
+// cannot hide its prologue and epilogue behind math, and for a large one
+// the traffic is a few percent that the fitted gemm_eff absorbs. Fused
+// attention keeps its tiles on chip, so it is costed without the traffic.
 struct Gemm {
     const Device& d;
     double peak, threads;
+    double bw = 0;                       // bytes/s for operands; 0: compute only
+    double in_bytes = 2, out_bytes = 2;  // fp8 GEMMs read 1-byte operands
     // Seconds of `batch` GEMMs of (mm x kk) @ (kk x nn).
     double operator()(double mm, double nn, double kk, double batch = 1) const {
-        return batch * 2 * mm * nn * kk / (peak * gemm_efficiency(d, mm / threads, nn, kk));
+        double t = 2 * mm * nn * kk / (peak * gemm_efficiency(d, mm / threads, nn, kk));
+        if (bw > 0) t += ((mm * kk + kk * nn) * in_bytes + mm * nn * out_bytes) / bw;
+        return batch * t;
     }
 };
 
-LayerCost layer_cost(const Workload& w, const Layout& l, const Cluster& c, bool experts) {
+// Kernels a dropless MoE block issues per micro-batch, forward and
+// backward. Megatron-Core's all-to-all dispatcher copies the tokens each
+// expert received to the host to size the all-to-all and the grouped GEMM
+// (a device-to-host synchronisation per MoE layer), so the host cannot run
+// ahead of the device: the experts' part of the block takes as long as the
+// longer of launching its kernels and running them. Fixed: routing, sort and permute, two
+// all-to-alls, unpermute and activation, about 20 forward and 40 backward.
+// Per local expert, Transformer Engine's GroupedLinear launches each GEMM on
+// its own: 2 forward, 4 backward (data and weight gradients), and with fp8
+// as many quantisations again.
+constexpr double kMoeFixedKernels = 60;
+double moe_host_kernels(double local_experts, bool fp8) {
+    return kMoeFixedKernels + local_experts * (fp8 ? 12.0 : 6.0);
+}
+
+// Bytes of the fp8 casts of one block, forward and backward: every GEMM
+// input is quantised (read 2 bytes, write the fp8 copy and its transpose
+// for the weight gradient: 4 bytes per element) and so is every output
+// gradient in backward (Micikevicius et al. 2022, "FP8 formats for deep
+// learning"; Transformer Engine's cast_transpose). Weights are cast once per
+// step and are left out.
+double fp8_cast_bytes(double gemm_in_elems, double gemm_out_elems) {
+    return 4.0 * (gemm_in_elems + gemm_out_elems);
+}
+
+// Context parallelism: each rank receives the other cp - 1 key/value chunks
+// in forward, and keys/values plus their gradients in backward (ring
+// attention; an all-gather of K and V moves the same bytes). `tok_bytes`:
+// the rank's tokens times the bytes of one attention element.
+double cp_exchange_s(const Workload& w, const Layout& l, const Cluster& c, double tok_bytes) {
+    if (l.cp <= 1) return 0;
     const auto& m = w.model;
+    const double kv = m.mla() ? double(m.qk_width() + m.v_width()) : 2.0 * m.kv_dim();
+    return 3 * (l.cp - 1) * p2p_s(c, l.tp, tok_bytes * kv / l.tp);
+}
+
+// The block's matrix GEMMs (at the training precision, on the roofline) and
+// its attention core (16 bits even in fp8 training, Transformer Engine's;
+// fused, so compute only). A rank's GEMM is split over its threads by rows.
+struct Gemms {
+    Gemm gemm, attn;
+    Dtype attn_dtype;
+};
+Gemms block_gemms(const Workload& w, const Cluster& c) {
     const Device& d = c.dev;
-    // A rank's GEMM is split over its threads by rows: each thread sees m/threads.
     const double threads =
         d.shared_by_ranks ? std::max(1.0, double(d.cores) / double(c.ranks_per_node())) : 1.0;
-    const double fp8 = w.dtype == Dtype::fp8 ? d.fp8_eff : 1.0;
-    const Gemm gemm{d, d.peak(w.dtype) * c.share() * c.impl_eff * fp8, threads};
-    // Attention runs in 16 bits even in fp8 training (Transformer Engine).
-    const Dtype attn_dtype = w.dtype == Dtype::fp8 ? Dtype::bf16 : w.dtype;
-    const Gemm attn{d, d.peak(attn_dtype) * c.share() * c.impl_eff, threads};
+    const bool f8 = w.dtype == Dtype::fp8;
+    const double ab = act_bytes(w.dtype), peak = c.share() * c.impl_eff;
+    const double bw = d.mem_bw * d.mem_eff * c.share();
+    const Dtype attn_dtype = f8 ? Dtype::bf16 : w.dtype;
+    return {
+        Gemm{d, d.peak(w.dtype) * peak * (f8 ? d.fp8_eff : 1.0), threads, bw, f8 ? 1.0 : ab, ab},
+        Gemm{d, d.peak(attn_dtype) * peak, threads}, attn_dtype};
+}
+
+LayerCost layer_cost(const Workload& w, const Layout& l, const Cluster& c, bool experts) {
+    const auto& m = w.model;
+    const bool f8 = w.dtype == Dtype::fp8;
+    const double bw = c.dev.mem_bw * c.dev.mem_eff * c.share(), ab = act_bytes(w.dtype);
+    const auto [gemm, attn, attn_dtype] = block_gemms(w, c);
     const double t = l.tp, s = double(w.seq_len) / l.cp, b = l.micro_batch, tok = s * b;
     const double C = m.n_embd, S = w.seq_len, a = double(m.n_head) / t;
     LayerCost lc;
@@ -76,6 +140,7 @@ LayerCost layer_cost(const Workload& w, const Layout& l, const Cluster& c, bool 
     const double out_w = double(m.v_width());
     const double in_w = (double(m.attn_params()) - out_w * C) / C;
     double g = gemm(tok, in_w / t, C) + gemm(tok, C, out_w / t);
+    double cast_in = tok * (C + out_w / t), cast_out = tok * (in_w / t + C);
     // Scores and weighted sum: 1/cp of the queries against every key.
     // Fused kernels skip the masked half of a causal score matrix.
     const double hq = double(m.qk_width()) / m.n_head, hv = out_w / m.n_head;
@@ -84,6 +149,8 @@ LayerCost layer_cost(const Workload& w, const Layout& l, const Cluster& c, bool 
     lc.attn_bwd = (w.flash ? 2.5 : 2.0) * lc.attn_core;
     const double up = m.arch == core::Arch::llama ? 2 : 1;  // SwiGLU: gate and up
     auto mlp = [&](double rows, double width, double batch) {
+        cast_in += batch * rows * (C + width / t);
+        cast_out += batch * rows * (up * width / t + C);
         return gemm(rows, width / t, C, up * batch) + gemm(rows, C, width / t, batch);
     };
     double bytes_a2a = 0;
@@ -94,28 +161,28 @@ LayerCost layer_cost(const Workload& w, const Layout& l, const Cluster& c, bool 
         // tokens: tok x k (x capacity) spread over its n_expert / ep experts.
         const double k = double(m.n_expert_active) * w.capacity_factor;
         const double local = double(m.n_expert) / l.ep;
-        g += gemm(tok, double(m.n_expert), C) + mlp(tok * k / local, m.expert_ffn_dim(), local);
+        const double routed =
+            gemm(tok, double(m.n_expert), C) + mlp(tok * k / local, m.expert_ffn_dim(), local);
+        g += routed;
         if (m.n_shared_expert > 0) g += mlp(tok, double(m.n_shared_expert) * m.expert_ffn_dim(), 1);
-        bytes_a2a = tok * k * C * act_bytes(w.dtype) / (l.sp ? t : 1.0);
+        bytes_a2a = tok * k * C * ab / (l.sp ? t : 1.0);
+        // The device works while the host launches: only the launch time
+        // beyond the routed experts' GEMMs (forward and backward) shows.
+        lc.once += std::max(0.0, c.launch_s * moe_host_kernels(local, f8) - 3 * routed);
     }
+    if (f8) lc.once += fp8_cast_bytes(cast_in, cast_out) / bw;
     // Elementwise kernels (norms, softmax, activations, dropout, residuals,
     // routing) are memory bound; the bytes they move scale like the
     // activations they store: written in forward, read and their gradients
     // written in backward.
     const double act = block_activation_bytes(w, l, experts, Recompute::none);
-    const double elementwise = act / (d.mem_bw * d.mem_eff * c.share());
+    const double elementwise = act / bw;
     lc.fwd = g + lc.attn_core + elementwise;
     // 4 all-to-alls (dispatch and combine, forward and backward).
     if (experts && l.ep > 1) {
         lc.a2a = 4 * all_to_all_s(c, Group{l.ep, (long long)l.tp * l.cp}, bytes_a2a);
     }
-    if (l.cp > 1) {
-        // Ring attention: each rank receives the other cp - 1 key/value
-        // chunks in forward, and keys/values plus their gradients in backward.
-        const double kv = m.mla() ? double(m.qk_width() + m.v_width()) : 2.0 * m.kv_dim();
-        const double chunk = tok * kv / t * act_bytes(attn_dtype);
-        lc.cp_comm = 3 * (l.cp - 1) * p2p_s(c, l.tp, chunk);
-    }
+    lc.cp_comm = cp_exchange_s(w, l, c, tok * act_bytes(attn_dtype));
     return lc;
 }
 
@@ -136,7 +203,8 @@ PerMicro per_micro(const Workload& w, const Layout& l, const Cluster& c) {
     // Forward 1x, backward 2x (weight and input gradients); fused attention's
     // backward also recomputes the scores.
     p.fwd = each([](const LayerCost& x) { return x.fwd; });
-    p.compute = each([](const LayerCost& x) { return 3 * x.fwd - 2 * x.attn_core + x.attn_bwd; });
+    p.compute =
+        each([](const LayerCost& x) { return 3 * x.fwd - 2 * x.attn_core + x.attn_bwd + x.once; });
     if (l.recompute == Recompute::full) p.rec = p.fwd;
     if (l.recompute == Recompute::selective && !w.flash) {
         p.rec = each([](const LayerCost& x) { return x.attn_core; });
@@ -158,13 +226,16 @@ PerMicro per_micro(const Workload& w, const Layout& l, const Cluster& c) {
 
 double head_time(const Workload& w, const Layout& l, const Cluster& c) {
     // The LM head (on the last stage): a GEMM of (sb x C) @ (C x V/t), 3 passes,
-    // plus the fp32 logits streamed through the fused cross entropy.
+    // plus the fp32 logits streamed through the fused cross entropy. It stays
+    // in 16 bits in fp8 training (Megatron-Core's output layer is not a
+    // Transformer Engine layer).
     const Device& d = c.dev;
-    const double peak = d.peak(w.dtype) * c.share() * c.impl_eff;
+    const Dtype dt = w.dtype == Dtype::fp8 ? Dtype::bf16 : w.dtype;
+    const double bw = d.mem_bw * d.mem_eff * c.share();
+    const Gemm gemm{d, d.peak(dt) * c.share() * c.impl_eff, 1.0, bw, act_bytes(dt), act_bytes(dt)};
     const double sb = double(w.seq_len) / l.cp * l.micro_batch;
     const double V = w.model.vocab_size, C = w.model.n_embd;
-    return 3 * 2 * sb * C * V / l.tp / (peak * gemm_efficiency(d, sb, V / l.tp, C)) +
-           3 * 4 * sb * V / l.tp / (d.mem_bw * d.mem_eff * c.share());
+    return 3 * gemm(sb, V / l.tp, C) + 3 * 4 * sb * V / l.tp / bw;
 }
 
 // DP / ZeRO communication of one step, and the part backward cannot hide.
@@ -180,11 +251,14 @@ void dp_time(const Workload& w, const Layout& l, const Cluster& c, const PerMicr
     const Group dense{l.dp * l.cp, l.tp}, expert{l.dp * l.cp / l.ep, (long long)l.tp * l.ep};
     const double nm = double(l.n_micro);
     if (l.zero < 3) {
-        // ZeRO 0-2 move the same volume as one all-reduce (reduce-scatter +
-        // all-gather) once per step, bucketed behind the last micro-batch's
-        // backward.
-        st.dp_comm =
-            all_reduce_s(c, dense, p.dense * sb.grad) + all_reduce_s(c, expert, p.expert * sb.grad);
+        // ZeRO 0-2 move the same volume as one all-reduce once per step,
+        // bucketed behind the last micro-batch's backward. ZeRO 1-2 (and
+        // Megatron's distributed optimizer) do it as a reduce-scatter of the
+        // gradients and an all-gather of the updated weights: ring only.
+        auto reduce = [&](Group g, double bytes) {
+            return l.zero >= 1 ? 2 * reduce_scatter_s(c, g, bytes) : all_reduce_s(c, g, bytes);
+        };
+        st.dp_comm = reduce(dense, p.dense * sb.grad) + reduce(expert, p.expert * sb.grad);
         const double window = c.dp_overlap * 2 * pm.fwd;
         st.dp_exposed = std::max(0.0, st.dp_comm - window);
         return;

@@ -17,7 +17,7 @@ enum class Schedule { gpipe, one_f_one_b, interleaved };
 enum class Algo { automatic, ring, tree, hierarchical };
 // The software stack that runs the layout (cluster.implementation): what
 // overlaps, how ZeRO-3 gathers and how pipeline activations travel differ.
-enum class Impl { megatron, deepspeed, fsdp, apiary };
+enum class Impl { megatron, megatron2019, deepspeed, fsdp, apiary };
 
 const char* recompute_name(Recompute r);
 Recompute parse_recompute(const std::string& s);
@@ -74,6 +74,16 @@ struct Cluster {
     bool pp_scatter = true;    // pipeline sends 1/tp of the activations per rank
     double moe_overlap = 0.0;  // fraction of expert all-to-all hidden behind compute
     double cp_overlap = 1.0;   // fraction of context-parallel KV exchange hidden
+    // Host time to launch one kernel (framework dispatch + driver): exposed
+    // where the host must wait for the device, as a dropless MoE block does.
+    double launch_s = 0;
+    // The LM head's cross entropy is fused and vocabulary-parallel
+    // (Megatron-LM); unfused, bf16 logits, their fp32 copy and its gradient
+    // coexist.
+    bool fused_ce = true;
+    // Bytes the caching allocator reserves per byte of activations beyond
+    // what is live (PyTorch's allocator splits and caches blocks).
+    double alloc_frac = 0;
     // Energy and emissions.
     double pue = 1.1;
     double idle_frac = 0.3;  // device power at idle as a fraction of TDP
@@ -98,7 +108,9 @@ struct Cluster {
 
 struct Memory {  // bytes per device, on the fullest pipeline stage
     double params = 0, grads = 0, optimizer = 0, activations = 0, buffers = 0;
-    double total() const { return params + grads + optimizer + activations + buffers; }
+    // Held by the caching allocator beyond the live tensors (fragmentation).
+    double allocator = 0;
+    double total() const { return params + grads + optimizer + activations + buffers + allocator; }
     double capacity = 0;
     bool fits() const { return total() <= capacity; }
 };

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "core/error.h"
 #include "plan/calibrate.h"
@@ -93,6 +94,9 @@ void apply(const Constants& k, Cluster& c) {
     if (auto it = k.find(std::string("impl_eff:") + impl_name(c.impl)); it != k.end()) {
         c.impl_eff = it->second;
     }
+    if (auto it = k.find("launch_s"); it != k.end()) c.launch_s = it->second;
+    if (auto it = k.find("alloc_frac"); it != k.end() && c.alloc_frac > 0)
+        c.alloc_frac = it->second;
 }
 
 double predict(const Plan& p, const std::string& metric) {
@@ -175,12 +179,18 @@ ValidationReport validate(const std::vector<ValidationRun>& runs, const core::Sc
     return r;
 }
 
-Constants fit_constants(const std::vector<ValidationRun>& runs, const core::Schema& schema) {
-    const std::vector<Resolved> all = resolve_all(runs, schema);
-    Constants k;
-    // One constant over the fit runs it governs: sum of squared log errors of
-    // the throughput and iteration-time figures.
-    auto fit = [&](const std::string& name, double lo, double hi, auto&& governs) {
+namespace {
+
+// Fits one constant at a time over the fit runs it governs, minimising the
+// sum of squared log errors of their throughput and iteration-time figures
+// (or their memory figures).
+struct Fitter {
+    const std::vector<Resolved>& all;
+    Constants& k;
+
+    template <class Governs>
+    void operator()(const std::string& name, double lo, double hi, Governs&& governs,
+                    bool memory = false) {
         std::vector<Resolved> sel;
         for (const auto& r : all) {
             if (r.run->split == "fit" && governs(r)) sel.push_back(r);
@@ -190,39 +200,84 @@ Constants fit_constants(const std::vector<ValidationRun>& runs, const core::Sche
             k[name] = x;
             double f = 0;
             for (const auto& row : rows_of(sel, k)) {
-                if (std::string(metric_group(row.metric)) != "memory") {
+                if ((std::string(metric_group(row.metric)) == "memory") == memory) {
                     f += std::pow(std::log1p(row.rel_err), 2);
                 }
             }
             return f;
         });
-    };
+    }
+
+    bool any_fit(const std::function<bool(const Resolved&)>& f) const {
+        return std::any_of(all.begin(), all.end(),
+                           [&](const Resolved& r) { return r.run->split == "fit" && f(r); });
+    }
+    // A device without Megatron runs in the fit split (Gaudi 2) is fitted on
+    // its runs of any stack, and those runs then stay out of the stacks' fits.
+    bool has_megatron(const std::string& d) const {
+        return any_fit([&](const Resolved& r) {
+            return r.in.c.dev.name == d && r.in.c.impl == Impl::megatron;
+        });
+    }
+    bool dense_on(const Resolved& r, const std::string& d, bool fp8) const {
+        return r.in.c.dev.name == d && (r.in.c.impl == Impl::megatron || !has_megatron(d)) &&
+               !r.in.w.model.moe() && (r.in.w.dtype == Dtype::fp8) == fp8;
+    }
+};
+
+// Per device: gemm_eff on its dense 16-bit runs, fp8_eff on its fp8 ones. A
+// device with only fp8 runs to fit on (B200, Gaudi 2) gets its one constant
+// as gemm_eff with fp8_eff = 1: its fp8 GEMMs then reach the same fraction
+// of the fp8 peak as its 16-bit ones of the 16-bit peak.
+void fit_devices(Fitter& fit, Constants& k) {
     std::vector<std::string> devices;
-    for (const auto& r : all) {
+    for (const auto& r : fit.all) {
         if (std::find(devices.begin(), devices.end(), r.in.c.dev.name) == devices.end()) {
             devices.push_back(r.in.c.dev.name);
         }
     }
+    auto fits_on = [&](const std::string& d, bool fp8) {
+        return fit.any_fit([&](const Resolved& r) { return fit.dense_on(r, d, fp8); });
+    };
     for (const auto& d : devices) {
         k["catalog:gemm_eff:" + d] = device(d).gemm_eff;
-        fit("gemm_eff:" + d, 0.2, 1.0, [&](const Resolved& r) {
-            return r.in.c.dev.name == d && r.in.c.impl == Impl::megatron &&
-                   r.in.w.dtype != Dtype::fp8;
-        });
+        const bool bf16 = fits_on(d, false);
+        if (!bf16 && fits_on(d, true)) k["fp8_eff:" + d] = 1.0;
+        fit("gemm_eff:" + d, 0.2, 1.0,
+            [&](const Resolved& r) { return fit.dense_on(r, d, !bf16); });
     }
     for (const auto& d : devices) {
         k["catalog:fp8_eff:" + d] = device(d).fp8_eff;
-        fit("fp8_eff:" + d, 0.3, 1.2, [&](const Resolved& r) {
-            return r.in.c.dev.name == d && r.in.c.impl == Impl::megatron &&
-                   r.in.w.dtype == Dtype::fp8;
-        });
+        if (!fits_on(d, false)) continue;  // folded into gemm_eff above
+        fit("fp8_eff:" + d, 0.3, 1.2, [&](const Resolved& r) { return fit.dense_on(r, d, true); });
     }
-    for (Impl i : {Impl::deepspeed, Impl::fsdp}) {
-        Cluster c;
+}
+
+}  // namespace
+
+Constants fit_constants(const std::vector<ValidationRun>& runs, const core::Schema& schema) {
+    const std::vector<Resolved> all = resolve_all(runs, schema);
+    Constants k;
+    Fitter fit{all, k};
+    // Device constants on dense runs first; then the MoE runs' host constant,
+    // the allocator's reserve and the other stacks' fractions, on their own.
+    fit_devices(fit, k);
+    Cluster c;
+    c.dev = device("H100-SXM");
+    apply_profile(c, Impl::megatron);
+    k["catalog:launch_s"] = c.launch_s;
+    fit("launch_s", 1e-6, 200e-6,
+        [&](const Resolved& r) { return r.in.c.impl == Impl::megatron && r.in.w.model.moe(); });
+    k["catalog:alloc_frac"] = c.alloc_frac;
+    fit(
+        "alloc_frac", 0.01, 2.0,
+        [&](const Resolved& r) { return r.run->measured.count("memory_gib") > 0; }, true);
+    for (Impl i : {Impl::megatron2019, Impl::deepspeed, Impl::fsdp}) {
         apply_profile(c, i);
         k[std::string("catalog:impl_eff:") + impl_name(i)] = c.impl_eff;
-        fit(std::string("impl_eff:") + impl_name(i), 0.3, 1.2,
-            [&](const Resolved& r) { return r.in.c.impl == i; });
+        fit(std::string("impl_eff:") + impl_name(i), 0.3, 1.2, [&](const Resolved& r) {
+            return r.in.c.impl == i && fit.has_megatron(r.in.c.dev.name);
+        });
     }
     return k;
 }

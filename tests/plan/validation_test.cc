@@ -23,9 +23,9 @@ const std::vector<ValidationRun>& runs() {
 }
 
 TEST(PlanValidation, EveryRunIsDescribedAndSourced) {
-    ASSERT_GE(runs().size(), 60u);
+    ASSERT_GE(runs().size(), 80u);
     std::set<std::string> devices, impls, names;
-    int fit = 0, moe = 0, fp8 = 0, cp = 0;
+    int fit = 0, moe = 0, fp8 = 0, cp = 0, memory = 0;
     for (const auto& r : runs()) {
         EXPECT_TRUE(names.insert(r.name).second) << "duplicate " << r.name;
         EXPECT_GT(r.source.size(), 20u) << r.name;
@@ -36,45 +36,56 @@ TEST(PlanValidation, EveryRunIsDescribedAndSourced) {
         moe += in.w.model.moe();
         fp8 += in.w.dtype == Dtype::fp8;
         cp += in.l.cp > 1;
+        memory += r.measured.count("memory_gib") > 0;
     }
     EXPECT_GT(fit, 10);
     EXPECT_GT(int(runs().size()) - fit, 40);
-    for (const char* d : {"A100-80GB", "H100-SXM", "H800", "B200", "V100-32GB"}) {
+    for (const char* d :
+         {"A100-80GB", "H100-SXM", "H800", "B200", "V100-32GB", "Gaudi2", "TPUv3"}) {
         EXPECT_TRUE(devices.count(d)) << d;
     }
-    for (const char* i : {"megatron", "deepspeed", "fsdp"}) EXPECT_TRUE(impls.count(i)) << i;
-    EXPECT_GE(moe, 5);
-    EXPECT_GE(fp8, 10);
-    EXPECT_GE(cp, 4);
+    for (const char* i : {"megatron", "megatron-2019", "deepspeed", "fsdp"}) {
+        EXPECT_TRUE(impls.count(i)) << i;
+    }
+    EXPECT_GE(moe, 10);
+    EXPECT_GE(fp8, 20);
+    EXPECT_GE(cp, 8);
+    EXPECT_GE(memory, 10);
 }
 
 // The constants in the catalog and the implementation profiles are the ones
-// the fit split gives (rounded to 0.01): nothing was tuned on held-out runs.
+// the fit split gives (rounded to two digits): nothing was tuned on held-out
+// runs.
 TEST(PlanValidation, CatalogConstantsAreTheFit) {
     const Constants k = fit_constants(runs(), test::schema());
     int fitted = 0;
     for (const auto& [name, v] : k) {
         if (name.rfind("catalog:", 0) == 0) continue;
         ++fitted;
-        EXPECT_NEAR(v, k.at("catalog:" + name), 0.01) << name;
+        EXPECT_NEAR(v / k.at("catalog:" + name), 1.0, 0.02) << name << " fits " << v;
     }
-    EXPECT_GE(fitted, 6);
+    EXPECT_GE(fitted, 12);
 }
 
 TEST(PlanValidation, ErrorsStayWhereRecorded) {
     const ValidationReport r = validate(runs(), test::schema());
     const auto& tput = r.stats.at("throughput");
     const auto& iter = r.stats.at("iteration time");
+    const auto& mem = r.stats.at("memory");
     EXPECT_LE(tput.at("fit").median, 0.08);
     EXPECT_LE(iter.at("fit").median, 0.08);
-    // Held out: iteration time meets the targets (median 8%, p90 20%);
-    // throughput meets the median within 1 point and misses the p90 on the
-    // runs docs/planner.md lists (fine-grained experts, DeepSpeed ZeRO-3 at
-    // large dp, early fp8 and 2019 software).
+    EXPECT_LE(mem.at("fit").median, 0.10);
+    // Held out (BENCHMARKS.md): iteration time and memory meet the targets
+    // (median 8% / 10%, p90 20% / 10%); throughput meets the median and
+    // misses the p90 by under a point on the runs docs/planner.md lists
+    // (fine-grained experts on H100, expert parallelism across nodes, early
+    // fp8 in llm-foundry, exposed all-gather context parallelism at 131k).
     EXPECT_LE(iter.at("holdout").median, 0.08);
     EXPECT_LE(iter.at("holdout").p90, 0.20);
-    EXPECT_LE(tput.at("holdout").median, 0.09);
-    EXPECT_LE(tput.at("holdout").p90, 0.75);
+    EXPECT_LE(mem.at("holdout").median, 0.10);
+    EXPECT_LE(mem.at("holdout").p90, 0.10);
+    EXPECT_LE(tput.at("holdout").median, 0.08);
+    EXPECT_LE(tput.at("holdout").p90, 0.21);
 }
 
 TEST(PlanValidation, MalformedRunsAreErrorsNamingTheField) {

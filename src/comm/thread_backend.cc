@@ -237,7 +237,6 @@ class ThreadGroup : public ProcessGroup {
     void reserve_scratch(size_t bytes) override { scratch_.ensure(bytes); }
 
   private:
-
     // Sums every rank's input (at byte `offset` of the pointer `pick` selects)
     // into f32 scratch.
     template <class Pick>

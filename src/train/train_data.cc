@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "data/bpe_train.h"
 #include "data/file_io.h"
+#include "data/keys.h"
 #include "data/prepare.h"
 #include "data/remote.h"
 #include "data/shard.h"
@@ -186,12 +187,8 @@ std::string prepare_corpus(const core::Config& c, const Corpus& corpus, const To
 }
 
 data::Manifest load_manifest(const data::SourceSpec& s, const core::Config& c) {
-    if (data::is_url(s.path)) {
-        data::RemoteOptions r;
-        r.cache_dir = c.get_string("data.cache_dir");
-        r.cache_bytes = uint64_t(c.get_int("data.cache_mb")) << 20;
-        return data::ShardCache(r).manifest(s.path);
-    }
+    if (data::is_url(s.path))
+        return data::ShardCache(data::remote_options_from(c)).manifest(s.path);
     try {
         return data::Manifest::load(s.path);
     } catch (const DataError& e) {

@@ -119,6 +119,19 @@ TEST(S3Access, EndpointAndRegionFromConfigThenEnvironmentThenAws) {
     EXPECT_NE(msg.find("needs a scheme"), std::string::npos) << msg;
 }
 
+TEST(Remote, RetriesBackOffExponentiallyWithFullJitter) {
+    // The ceiling doubles from the base up to the maximum...
+    EXPECT_DOUBLE_EQ(retry_delay_s(1, 0.2, 10, 1.0), 0.2);
+    EXPECT_DOUBLE_EQ(retry_delay_s(2, 0.2, 10, 1.0), 0.4);
+    EXPECT_DOUBLE_EQ(retry_delay_s(4, 0.2, 10, 1.0), 1.6);
+    EXPECT_DOUBLE_EQ(retry_delay_s(7, 0.2, 10, 1.0), 10.0);
+    EXPECT_DOUBLE_EQ(retry_delay_s(1000, 0.2, 10, 1.0), 10.0);
+    // ...and the wait is spread over all of [0, ceiling).
+    EXPECT_DOUBLE_EQ(retry_delay_s(3, 0.2, 10, 0.0), 0.0);
+    EXPECT_DOUBLE_EQ(retry_delay_s(3, 0.2, 10, 0.25), 0.2);
+    EXPECT_DOUBLE_EQ(retry_delay_s(3, 0.2, 10, 0.5), 0.4);
+}
+
 // Every data.* key of a remote source reaches the options, for the loader
 // and for `apiary train`'s resolution of its sources (one function for both).
 TEST(S3Access, EveryRemoteKeyOfTheConfigIsPassedThrough) {

@@ -23,6 +23,26 @@ CoarseClock::time_point CoarseClock::now() noexcept {
 
 namespace {
 
+std::atomic<int64_t> g_tick_ns{0};
+std::atomic<int> g_tickers{0};
+
+int64_t clock_ns() { return CoarseClock::now().time_since_epoch().count(); }
+
+}  // namespace
+
+int64_t Ticker::now_ns() noexcept {
+    return g_tickers.load(std::memory_order_relaxed) > 0 ? g_tick_ns.load(std::memory_order_relaxed)
+                                                         : clock_ns();
+}
+void Ticker::tick() noexcept { g_tick_ns.store(clock_ns(), std::memory_order_relaxed); }
+void Ticker::start() noexcept {
+    tick();
+    g_tickers.fetch_add(1);
+}
+void Ticker::stop() noexcept { g_tickers.fetch_sub(1); }
+
+namespace {
+
 constexpr size_t kDumpCalls = 16;
 
 // Tag kinds travel as text; keep one stable copy of each so that a Tag can
@@ -187,14 +207,14 @@ Fingerprint GroupMonitor::Slot::load() const {
 
 namespace {
 
-int64_t ns_of(Clock::time_point t) { return t.time_since_epoch().count(); }
-double seconds_since_ns(int64_t t) { return double(ns_of(Clock::now()) - t) * 1e-9; }
+// Against the clock itself, not the ticker: a duration is never shortened.
+double seconds_since_ns(int64_t t) { return double(clock_ns() - t) * 1e-9; }
 
 }  // namespace
 
 // Writers (one thread at a time): version odd, fields, version even.
 void GroupMonitor::begin(const Fingerprint& fp) {
-    const int64_t now = ns_of(Clock::now());
+    const int64_t now = Ticker::now_ns();
     const uint64_t v = version_.load(std::memory_order_relaxed);
     version_.store(v + 1, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_release);
@@ -205,7 +225,7 @@ void GroupMonitor::begin(const Fingerprint& fp) {
 }
 
 void GroupMonitor::end(const Fingerprint& fp) {
-    const int64_t now = ns_of(Clock::now());
+    const int64_t now = Ticker::now_ns();
     const uint64_t v = version_.load(std::memory_order_relaxed);
     version_.store(v + 1, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_release);

@@ -37,6 +37,18 @@ struct CoarseClock {
 };
 using Clock = CoarseClock;
 
+// CoarseClock's time in nanoseconds as a thread that runs anyway (the MPI
+// watchdog, every 0.1 s or faster) last saw it: one load per call where the
+// monitor's two clock reads per collective cost a few nanoseconds each, about
+// a tenth of what apiary adds to a small all-reduce. Stale by at most one
+// tick; without a ticking thread it reads the clock.
+struct Ticker {
+    static int64_t now_ns() noexcept;
+    static void tick() noexcept;   // the ticking thread, periodically
+    static void start() noexcept;  // a ticking thread begins (counted)
+    static void stop() noexcept;   // ... and ends
+};
+
 // One rank's view of one group at one moment.
 struct GroupSnapshot {
     int world_rank = -1;

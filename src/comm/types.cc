@@ -77,12 +77,13 @@ uint64_t kind_hash(const char* kind) {
 
 uint64_t Fingerprint::hash() const {
     // Runs on every collective (the match check chains it): no formatting,
-    // no allocation. The tag kind takes part by content, so two binaries
-    // (or two address-space layouts) agree on it.
-    uint64_t h = mix(0x61706961, kind_hash(tag.kind));
-    h = mix(h, uint64_t(count));
-    h = mix(h, uint64_t(tag.id));
-    return mix(h, (uint64_t(uint32_t(peer)) << 16) | (uint64_t(op) << 8) | uint64_t(dtype));
+    // no allocation, two independent multiplies and one mix. The tag kind
+    // takes part by content, so two binaries (or two address-space layouts)
+    // agree on it.
+    const uint64_t a = kind_hash(tag.kind) ^ (uint64_t(count) * 0x9E3779B97F4A7C15ull);
+    const uint64_t b = (uint64_t(tag.id) * 0xC2B2AE3D27D4EB4Full) ^
+                       ((uint64_t(uint32_t(peer)) << 16) | (uint64_t(op) << 8) | uint64_t(dtype));
+    return mix(a, b);
 }
 
 uint64_t Fingerprint::chain(uint64_t previous) const { return mix(previous, hash()); }

@@ -10,7 +10,8 @@
 //  * the merged id is the rank plus a constant in most vocabularies, so
 //    applying a merge reads nothing else;
 //  * pieces up to kShortPiece bytes merge in fixed arrays on the stack with
-//    a linear scan for the best pair (n is small; nothing is allocated);
+//    a linear scan for the best pair over a bit mask of live symbols (n is
+//    small; nothing is allocated or shifted);
 //    longer ones with a heap of candidates over a linked list, O(n log n),
 //    in buffers the encoder keeps;
 //  * the pre-token cache is direct-mapped, one 64-byte line per entry: a
@@ -80,30 +81,44 @@ void Tokenizer::PairTable::build_bytes(const uint32_t* byte_id) {
 }
 
 void Tokenizer::Encoder::merge_short(std::string_view piece, std::vector<uint32_t>& out) {
+    static_assert(kShortPiece <= 64, "live symbols are bits of one word");
     const PairTable& pairs = tok_->pairs_;
-    // id[k], and the rank of merging id[k] with id[k + 1].
+    // Symbols stay at their first byte's position; `live` has a bit per
+    // symbol, so a merge clears one bit instead of shifting arrays. rank[k]:
+    // the rank of merging symbol k with the next live one.
     uint32_t id[kShortPiece], rank[kShortPiece];
-    size_t n = piece.size();
-    for (size_t k = 0; k < n; ++k) id[k] = tok_->byte_id_[static_cast<unsigned char>(piece[k])];
+    const size_t n = piece.size();
     const auto* bytes = reinterpret_cast<const unsigned char*>(piece.data());
+    for (size_t k = 0; k < n; ++k) id[k] = tok_->byte_id_[bytes[k]];
     for (size_t k = 0; k + 1 < n; ++k) rank[k] = pairs.find_bytes(bytes[k], bytes[k + 1]);
     rank[n - 1] = kNone;
-    while (n > 1) {
-        size_t best = 0;
-        for (size_t k = 1; k + 1 < n; ++k) {
-            if (rank[k] < rank[best]) best = k;  // strict: the leftmost wins a tie
+    uint64_t live = n == 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1;
+    auto after = [&](size_t k) {  // the next live symbol, or 64
+        const uint64_t later = k >= 63 ? 0 : live & ~((uint64_t(2) << k) - 1);
+        return later ? size_t(std::countr_zero(later)) : size_t(64);
+    };
+    while (true) {
+        size_t best = 64;
+        uint32_t best_rank = kNone;
+        for (uint64_t m = live; m; m &= m - 1) {
+            const size_t k = size_t(std::countr_zero(m));
+            if (rank[k] < best_rank) {  // strict: the leftmost wins a tie
+                best_rank = rank[k];
+                best = k;
+            }
         }
-        if (rank[best] == kNone) break;
-        id[best] = pairs.result(rank[best]);
-        --n;
-        for (size_t k = best + 1; k < n; ++k) {  // drop entry best + 1
-            id[k] = id[k + 1];
-            rank[k] = rank[k + 1];
+        if (best_rank == kNone) break;
+        id[best] = pairs.result(best_rank);
+        live &= ~(uint64_t(1) << after(best));
+        const size_t next = after(best);
+        rank[best] = next < 64 ? pairs.find(id[best], id[next]) : kNone;
+        const uint64_t before = live & ((uint64_t(1) << best) - 1);
+        if (before) {
+            const size_t prev = size_t(63 - std::countl_zero(before));
+            rank[prev] = pairs.find(id[prev], id[best]);
         }
-        rank[best] = best + 1 < n ? pairs.find(id[best], id[best + 1]) : kNone;
-        if (best > 0) rank[best - 1] = pairs.find(id[best - 1], id[best]);
     }
-    for (size_t k = 0; k < n; ++k) out.push_back(id[k]);
+    for (uint64_t m = live; m; m &= m - 1) out.push_back(id[std::countr_zero(m)]);
 }
 
 void Tokenizer::Encoder::merge_long(std::string_view piece, std::vector<uint32_t>& out) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cli/bench_comm.h"
+#include "cli/bench_data.h"
 #include "cli/command.h"
 #include "comm/config.h"
 #include "comm/mpi_backend.h"
@@ -202,13 +203,21 @@ void run(const Options& o) {
     const double mcpy = memcpy_gbps(buf, max_b);
     if (rank == 0) {
         if (o.json) {
-            fmt::print("{}\n",
-                       nlohmann::json{{"op", "memcpy"}, {"bytes", max_b}, {"gbps", mcpy}}.dump());
+            fmt::print("{}\n", nlohmann::json{{"op", "memcpy"},
+                                              {"bytes", max_b},
+                                              {"gbps", mcpy},
+                                              {"cpu", cpu_model_name()},
+                                              {"verify", copt.verify},
+                                              {"verify_first", copt.verify_first},
+                                              {"verify_every", copt.verify_every}}
+                                   .dump());
         } else {
             fmt::print(
-                "# apiary bench comm: {} ranks, f32, comm.verify={}, comm.hierarchical={}, "
-                "{} reps (median, spread min-max)\n# memcpy {} bytes: {:.2f} GB/s\n",
-                n, copt.verify, copt.hierarchical, o.reps, max_b, mcpy);
+                "# apiary bench comm: {} ranks, f32, comm.verify={} (first {}, then every {}), "
+                "comm.hierarchical={}, {} reps (median, spread min-max), CPU {}\n# memcpy {} "
+                "bytes: {:.2f} GB/s\n",
+                n, copt.verify, copt.verify_first, copt.verify_every, copt.hierarchical, o.reps,
+                cpu_model_name(), max_b, mcpy);
             fmt::print("{:<15}{:>11}{:>11} | {:>10}{:>8}{:>8} | {:>10}{:>8}{:>8} | {:>6} {}\n",
                        "# op", "bytes", "count", "apiary_us", "algbw", "busbw", "mpi_us", "algbw",
                        "busbw", "ratio", "spread");

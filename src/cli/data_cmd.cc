@@ -32,14 +32,14 @@ void verify() {
     uint64_t tokens = 0;
     for (const auto& s : m.shards) {
         data::ShardReader r(m.shard_path(s));
-        r.verify(s.xxh64);
-        if (r.num_tokens() != s.tokens) {
-            throw DataError(fmt::format("shard '{}' has {} tokens, the manifest says {}", r.path(),
-                                        r.num_tokens(), s.tokens));
-        }
+        data::check_against_manifest(r, m, s);  // size, counts, dtype, tokenizer, vocabulary
+        r.verify(s.xxh64);                      // checksum, every token in the vocabulary
         tokens += r.num_tokens();
     }
-    fmt::print("ok: {} shards, {} tokens, checksums match\n", m.shards.size(), tokens);
+    fmt::print(
+        "ok: {} shards, {} tokens; sizes, counts, tokenizer, vocabulary size {} and checksums "
+        "match the manifest\n",
+        m.shards.size(), tokens, m.vocab_size);
 }
 
 void setup(CLI::App& app) {
@@ -60,6 +60,7 @@ void setup(CLI::App& app) {
         popt.unit_bytes = unit_kb << 10;
         popt.shard_units = std::max<size_t>(1, (shard_mb << 20) / popt.unit_bytes);
         const auto st = data::prepare(popt);
+        for (const auto& w : st.warnings) fmt::print(stderr, "apiary: warning: {}\n", w);
         if (st.already_complete) {
             fmt::print("{} is already complete (manifest.json present, same settings)\n", popt.out);
             return;

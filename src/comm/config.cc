@@ -24,8 +24,19 @@ void add_keys(core::Schema& s) {
                  "in fp32, rounded once)",
                  {"fp32", "bf16"});
     s.add_bool("comm.verify", true,
-               "before each collective, check that every rank calls the same op, dtype, count "
-               "and tag (one 32-byte all-reduce)");
+               "check that every rank calls the same collectives (op, dtype, count, tag, root) "
+               "in the same order: a hash of all calls so far is compared across ranks by a "
+               "32-byte all-reduce before the calls that comm.verify_first and "
+               "comm.verify_every choose");
+    s.add_int("comm.verify_first", 256,
+              "the match check runs before each of a group's first N calls (a mismatch there "
+              "is caught before the call runs)",
+              0, 1 << 30);
+    s.add_int("comm.verify_every", 64,
+              "after the first calls, the match check runs before every N-th call and covers "
+              "the calls since the previous check (a mismatch is caught at most N - 1 calls "
+              "late); 1 checks every call",
+              1, 4096);
 }
 
 CommOptions options_from(const core::Config& c) {
@@ -36,6 +47,8 @@ CommOptions options_from(const core::Config& c) {
     o.hierarchical = c.get_bool("comm.hierarchical");
     o.nodes_hint = int(c.get_int("comm.nodes_hint"));
     o.verify = c.get_bool("comm.verify");
+    o.verify_first = int(c.get_int("comm.verify_first"));
+    o.verify_every = int(c.get_int("comm.verify_every"));
     return o;
 }
 

@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "comm/process_group.h"
 
@@ -21,9 +23,27 @@ CoarseClock::time_point CoarseClock::now() noexcept {
 
 namespace {
 
-double seconds_since(Clock::time_point t) {
-    return std::chrono::duration<double>(Clock::now() - t).count();
+std::atomic<int64_t> g_tick_ns{0};
+std::atomic<int> g_tickers{0};
+
+int64_t clock_ns() { return CoarseClock::now().time_since_epoch().count(); }
+
+}  // namespace
+
+int64_t Ticker::now_ns() noexcept {
+    return g_tickers.load(std::memory_order_relaxed) > 0 ? g_tick_ns.load(std::memory_order_relaxed)
+                                                         : clock_ns();
 }
+void Ticker::tick() noexcept { g_tick_ns.store(clock_ns(), std::memory_order_relaxed); }
+void Ticker::start() noexcept {
+    tick();
+    g_tickers.fetch_add(1);
+}
+void Ticker::stop() noexcept { g_tickers.fetch_sub(1); }
+
+namespace {
+
+constexpr size_t kDumpCalls = 16;
 
 // Tag kinds travel as text; keep one stable copy of each so that a Tag can
 // keep pointing at it.
@@ -49,26 +69,33 @@ std::string where(const GroupSnapshot& s) {
     return "has not made any call on this group";
 }
 
-// Ranks inside a call with the same sequence number must agree on it; one
-// message per sequence number where they do not.
+// Ranks must agree on every call with the same sequence number, in flight or
+// in their recent history. The match check may find a mismatch some calls
+// after it happened (it samples, see docs/distributed.md), so the histories
+// are compared too and the earliest disagreement is the one named.
 std::vector<std::string> mismatches(const std::string& group,
                                     const std::vector<const GroupSnapshot*>& answered) {
-    std::vector<std::string> parts;
-    std::map<uint64_t, std::vector<const GroupSnapshot*>> by_seq;
+    std::map<uint64_t, std::vector<std::pair<const Fingerprint*, int>>> by_seq;
+    uint64_t newest_in_flight = 0;
+    auto add = [&](const Fingerprint& fp, int rank) {
+        if (fp.op != CollOp::send && fp.op != CollOp::recv) by_seq[fp.seq].push_back({&fp, rank});
+    };
     for (const auto* m : answered) {
-        if (m->in_flight && m->in_flight->op != CollOp::send && m->in_flight->op != CollOp::recv) {
-            by_seq[m->in_flight->seq].push_back(m);
+        for (const auto& fp : m->recent) add(fp, m->world_rank);
+        if (m->in_flight) {
+            add(*m->in_flight, m->world_rank);
+            newest_in_flight = std::max(newest_in_flight, m->in_flight->seq);
         }
     }
-    for (const auto& [seq, ranks] : by_seq) {
+    for (const auto& [seq, entries] : by_seq) {
         std::vector<std::pair<Fingerprint, std::vector<int>>> calls;
-        for (const auto* m : ranks) {
+        for (const auto& [fp, rank] : entries) {
             auto it = std::find_if(calls.begin(), calls.end(),
-                                   [&](const auto& c) { return c.first.same_call(*m->in_flight); });
+                                   [&](const auto& c) { return c.first.same_call(*fp); });
             if (it == calls.end())
-                calls.push_back({*m->in_flight, {m->world_rank}});
+                calls.push_back({*fp, {rank}});
             else
-                it->second.push_back(m->world_rank);
+                it->second.push_back(rank);
         }
         if (calls.size() < 2) continue;
         std::string msg = fmt::format("{}: mismatch at #{}:", group, seq);
@@ -78,10 +105,12 @@ std::vector<std::string> mismatches(const std::string& group,
                 ranks_word(calls[i].second), calls[i].second.size() == 1 ? "calls" : "call",
                 calls[i].first.describe());
         }
-        parts.push_back(msg + "; every rank must issue the same collectives in the same order");
+        if (newest_in_flight > seq) {
+            msg += fmt::format(" (the ranks are now at #{})", newest_in_flight);
+        }
+        return {msg + "; every rank must issue the same collectives in the same order"};
     }
-
-    return parts;
+    return {};
 }
 
 // Who is behind: ranks that are not in the latest call the others wait in.
@@ -141,47 +170,118 @@ std::string who_is_behind(const std::string& group,
 
 }  // namespace
 
-GroupMonitor::GroupMonitor(std::string name, std::vector<int> world_ranks, int my_world_rank)
-    : name_(std::move(name)), world_ranks_(std::move(world_ranks)), my_world_rank_(my_world_rank) {
+GroupMonitor::GroupMonitor(std::string name, std::vector<int> world_ranks, int my_world_rank,
+                           size_t history)
+    : name_(std::move(name)),
+      world_ranks_(std::move(world_ranks)),
+      my_world_rank_(my_world_rank),
+      history_(std::max(history, kMinHistory)),
+      done_(new Slot[history_]) {
     std::string key = name_;
     for (int r : world_ranks_) key += fmt::format(",{}", r);
     id_ = XXH64(key.data(), key.size(), 0);
 }
 
+void GroupMonitor::Slot::store(const Fingerprint& fp) {
+    constexpr auto r = std::memory_order_relaxed;
+    seq.store(fp.seq, r);
+    count.store(fp.count, r);
+    tag_id.store(fp.tag.id, r);
+    tag_kind.store(fp.tag.kind, r);
+    peer.store(fp.peer, r);
+    op.store(uint8_t(fp.op), r);
+    dtype.store(uint8_t(fp.dtype), r);
+}
+
+Fingerprint GroupMonitor::Slot::load() const {
+    constexpr auto r = std::memory_order_relaxed;
+    Fingerprint fp;
+    fp.seq = seq.load(r);
+    fp.count = count.load(r);
+    fp.tag = Tag{tag_kind.load(r), tag_id.load(r)};
+    fp.peer = peer.load(r);
+    fp.op = CollOp(op.load(r));
+    fp.dtype = DType(dtype.load(r));
+    return fp;
+}
+
+namespace {
+
+// Against the clock itself, not the ticker: a duration is never shortened.
+double seconds_since_ns(int64_t t) { return double(clock_ns() - t) * 1e-9; }
+
+}  // namespace
+
+// Writers (one thread at a time): version odd, fields, version even.
 void GroupMonitor::begin(const Fingerprint& fp) {
-    const auto now = Clock::now();
-    std::lock_guard lock(mu_);
-    in_flight_ = fp;
-    in_flight_since_ = now;
+    const int64_t now = Ticker::now_ns();
+    const uint64_t v = version_.load(std::memory_order_relaxed);
+    version_.store(v + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    in_flight_fp_.store(fp);
+    in_flight_since_.store(now, std::memory_order_relaxed);
+    in_flight_.store(true, std::memory_order_relaxed);
+    version_.store(v + 2, std::memory_order_release);
 }
 
 void GroupMonitor::end(const Fingerprint& fp) {
-    const auto now = Clock::now();
-    std::lock_guard lock(mu_);
-    in_flight_.reset();
-    done_[num_done_ % kHistory] = fp;
-    ++num_done_;
-    last_done_at_ = now;
+    const int64_t now = Ticker::now_ns();
+    const uint64_t v = version_.load(std::memory_order_relaxed);
+    version_.store(v + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    const uint64_t n = num_done_.load(std::memory_order_relaxed);
+    in_flight_.store(false, std::memory_order_relaxed);
+    done_[n % history_].store(fp);
+    num_done_.store(n + 1, std::memory_order_relaxed);
+    last_done_at_.store(now, std::memory_order_relaxed);
+    version_.store(v + 2, std::memory_order_release);
+}
+
+// Reader: retries until no writer was inside while it read.
+template <class Read>
+void GroupMonitor::read_consistent(Read&& read) const {
+    while (true) {
+        const uint64_t v = version_.load(std::memory_order_acquire);
+        if (v & 1) {
+            std::this_thread::yield();
+            continue;
+        }
+        read();
+        std::atomic_thread_fence(std::memory_order_acquire);
+        if (version_.load(std::memory_order_relaxed) == v) return;
+    }
 }
 
 double GroupMonitor::in_flight_seconds() const {
-    std::lock_guard lock(mu_);
-    return in_flight_ ? seconds_since(in_flight_since_) : 0.0;
+    double s = 0;
+    read_consistent([&] {
+        s = in_flight_.load(std::memory_order_relaxed)
+                ? seconds_since_ns(in_flight_since_.load(std::memory_order_relaxed))
+                : 0.0;
+    });
+    return s;
 }
 
 GroupSnapshot GroupMonitor::snapshot() const {
-    std::lock_guard lock(mu_);
     GroupSnapshot s;
-    s.world_rank = my_world_rank_;
-    s.in_flight = in_flight_;
-    if (in_flight_) s.in_flight_s = seconds_since(in_flight_since_);
-    if (num_done_ > 0) {
-        s.last_done = done_[(num_done_ - 1) % kHistory];
-        s.idle_s = seconds_since(last_done_at_);
-    }
-    // Oldest first.
-    const uint64_t first = num_done_ > kHistory ? num_done_ - kHistory : 0;
-    for (uint64_t i = first; i < num_done_; ++i) s.recent.push_back(done_[i % kHistory]);
+    read_consistent([&] {
+        constexpr auto r = std::memory_order_relaxed;
+        s = GroupSnapshot{};
+        s.world_rank = my_world_rank_;
+        if (in_flight_.load(r)) {
+            s.in_flight = in_flight_fp_.load();
+            s.in_flight_s = seconds_since_ns(in_flight_since_.load(r));
+        }
+        const uint64_t n = num_done_.load(r);
+        if (n > 0) {
+            s.last_done = done_[(n - 1) % history_].load();
+            s.idle_s = seconds_since_ns(last_done_at_.load(r));
+        }
+        // Oldest first.
+        for (uint64_t i = n > history_ ? n - history_ : 0; i < n; ++i) {
+            s.recent.push_back(done_[i % history_].load());
+        }
+    });
     return s;
 }
 
@@ -213,8 +313,12 @@ std::string diagnose(const std::string& group, const std::vector<GroupSnapshot>&
 std::string dump_line(const std::string& group, const GroupSnapshot& s) {
     std::string out = fmt::format("rank {}: recent {} calls:", s.world_rank, group);
     if (s.recent.empty()) out += " none";
-    for (size_t i = 0; i < s.recent.size(); ++i) {
-        out += fmt::format("{} {}", i == 0 ? "" : ",", s.recent[i].describe());
+    // The history may hold many calls (as many as lie between two match
+    // checks); the line shows the last few, the diagnosis compares them all.
+    const size_t first = s.recent.size() > kDumpCalls ? s.recent.size() - kDumpCalls : 0;
+    if (first > 0) out += fmt::format(" ({} earlier),", first);
+    for (size_t i = first; i < s.recent.size(); ++i) {
+        out += fmt::format("{} {}", i == first ? "" : ",", s.recent[i].describe());
     }
     if (s.in_flight) {
         out += fmt::format("; waits in {} for {:.1f} s", s.in_flight->describe(), s.in_flight_s);

@@ -10,10 +10,10 @@
 //   mismatch at #5: rank 0 calls all_reduce #5 bucket 5 (f32 x 1024) while
 //   rank 1 calls all_reduce #5 bucket 6 (f32 x 1024)
 
-#include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <mutex>
+#include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
@@ -37,6 +37,18 @@ struct CoarseClock {
 };
 using Clock = CoarseClock;
 
+// CoarseClock's time in nanoseconds as a thread that runs anyway (the MPI
+// watchdog, every 0.1 s or faster) last saw it: one load per call where the
+// monitor's two clock reads per collective cost a few nanoseconds each, about
+// a tenth of what apiary adds to a small all-reduce. Stale by at most one
+// tick; without a ticking thread it reads the clock.
+struct Ticker {
+    static int64_t now_ns() noexcept;
+    static void tick() noexcept;   // the ticking thread, periodically
+    static void start() noexcept;  // a ticking thread begins (counted)
+    static void stop() noexcept;   // ... and ends
+};
+
 // One rank's view of one group at one moment.
 struct GroupSnapshot {
     int world_rank = -1;
@@ -49,11 +61,19 @@ struct GroupSnapshot {
 };
 
 // Per rank and group: what is in flight and what completed recently.
-// Thread-safe; cheap enough to update on every call.
+// begin() and end() are called by one thread at a time (the one executing the
+// group's calls) on every collective, so they take no lock: a seqlock lets
+// the watchdog's snapshot() read a consistent state without slowing them
+// (a small all-reduce takes about half a microsecond; two mutexes per call
+// cost a tenth of that). snapshot() may run on any thread at any time.
 class GroupMonitor {
   public:
-    static constexpr size_t kHistory = 16;
-    GroupMonitor(std::string name, std::vector<int> world_ranks, int my_world_rank);
+    static constexpr size_t kMinHistory = 16;
+    // history: completed calls kept (at least kMinHistory). The MPI backend
+    // keeps as many as lie between two match checks, so that a mismatch the
+    // check finds is still in every rank's history when they compare.
+    GroupMonitor(std::string name, std::vector<int> world_ranks, int my_world_rank,
+                 size_t history = kMinHistory);
 
     void begin(const Fingerprint& fp);
     void end(const Fingerprint& fp);
@@ -67,18 +87,33 @@ class GroupMonitor {
     uint64_t id() const { return id_; }
 
   private:
+    // A Fingerprint in relaxed atomics, so that a reader racing a writer is
+    // not undefined behaviour (the seqlock discards what it read then).
+    struct Slot {
+        std::atomic<uint64_t> seq{0};
+        std::atomic<int64_t> count{0}, tag_id{-1};
+        std::atomic<const char*> tag_kind{nullptr};
+        std::atomic<int32_t> peer{-1};
+        std::atomic<uint8_t> op{0}, dtype{0};
+        void store(const Fingerprint& fp);
+        Fingerprint load() const;
+    };
+    template <class Read>
+    void read_consistent(Read&& read) const;
+
     std::string name_;
     std::vector<int> world_ranks_;
     int my_world_rank_;
     uint64_t id_;
-    mutable std::mutex mu_;
-    std::optional<Fingerprint> in_flight_;
-    Clock::time_point in_flight_since_;
-    // The last kHistory completed calls, a ring (no allocation per call:
-    // this runs on every collective, and small ones take about a microsecond).
-    std::array<Fingerprint, kHistory> done_{};
-    uint64_t num_done_ = 0;
-    Clock::time_point last_done_at_{};
+    std::atomic<uint64_t> version_{0};  // odd while a writer is inside
+    std::atomic<bool> in_flight_{false};
+    Slot in_flight_fp_;
+    std::atomic<int64_t> in_flight_since_{0};  // CoarseClock ns
+    // The last history_ completed calls, a ring (no allocation per call).
+    size_t history_;
+    std::unique_ptr<Slot[]> done_;
+    std::atomic<uint64_t> num_done_{0};
+    std::atomic<int64_t> last_done_at_{0};  // CoarseClock ns
 };
 
 // One line: who is behind and where, or which ranks disagree. `members` are

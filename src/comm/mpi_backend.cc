@@ -7,6 +7,7 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <new>
 
 #include "comm/mpi_internal.h"
 #include "core/error.h"
@@ -20,171 +21,6 @@ using detail::Engine;
 using detail::kRingReduceScatterBytes;
 using detail::mpi_check;
 using detail::MpiWork;
-using detail::run_front;
-
-namespace detail {
-
-std::string CallContext::str() const {
-    return fmt::format("{} (rank {}) {}", engine->name, engine->rank, fp->describe());
-}
-
-void mpi_check(int rc, const char* what, const CallContext& context) {
-    if (rc != MPI_SUCCESS) mpi_check(rc, what, context.str());
-}
-
-void mpi_check(int rc, const char* what, const std::string& context) {
-    if (rc == MPI_SUCCESS) return;
-    char text[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(rc, text, &len);
-    throw CommError(
-        fmt::format("{}: {} failed: {}", context, what, std::string(text, size_t(len))));
-}
-
-Engine::Engine(MPI_Comm c, std::string n, const CommOptions& o)
-    : comm(c), name(std::move(n)), options(o) {
-    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &size);
-    int me = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &me);
-    world_ranks.resize(size_t(size));
-    MPI_Allgather(&me, 1, MPI_INT, world_ranks.data(), 1, MPI_INT, comm);
-    monitor = std::make_shared<GroupMonitor>(name, world_ranks, me);
-    if (auto* w = watchdog()) w->watch(monitor);
-    worker = std::thread([this] { worker_loop(); });
-}
-
-Engine::~Engine() { shutdown(); }
-
-void Engine::shutdown() {
-    {
-        std::lock_guard lock(mu);
-        stop = true;
-    }
-    worker_cv.notify_all();
-    if (worker.joinable()) worker.join();
-}
-
-namespace {
-constexpr auto kPoll = std::chrono::microseconds(500);
-constexpr auto kWarm = std::chrono::milliseconds(200);
-}  // namespace
-
-void Engine::enqueue(const std::shared_ptr<MpiWork>& w) {
-    bool wake = false;
-    {
-        std::lock_guard lock(mu);
-        if (stop)
-            throw CommError(fmt::format("{}: {} after the MPI session ended", name,
-                                        w->fingerprint().describe()));
-        wake = worker_cold || !queue.empty();
-        w->set_seq(seq++);
-        queue.push_back(w);
-        last_call = Clock::now();
-    }
-    if (wake) worker_cv.notify_one();
-}
-
-// Runs the front call with the lock released; the caller holds `lock` and
-// has checked !busy && !queue.empty().
-void run_front(Engine& e, std::unique_lock<std::mutex>& lock) {
-    auto next = e.queue.front();
-    e.queue.pop_front();
-    e.busy = true;
-    lock.unlock();
-    e.execute(*next);
-    lock.lock();
-    e.busy = false;
-    if (e.waiters > 0) e.done_cv.notify_all();
-    // A worker that slept through this call is needed again only if more is queued.
-    if (!e.queue.empty()) e.worker_cv.notify_one();
-}
-
-void Engine::worker_loop() {
-    std::unique_lock lock(mu);
-    while (true) {
-        if (!busy && !queue.empty()) {
-            run_front(*this, lock);
-            continue;
-        }
-        if (stop) return;
-        if (busy) {
-            // A waiting caller runs a call: no polling until it is done (a
-            // woken thread on a loaded machine slows that very call).
-            worker_cv.wait(lock);
-        } else if (Clock::now() - last_call < kWarm) {
-            worker_cv.wait_for(lock, kPoll);
-        } else {
-            worker_cold = true;
-            worker_cv.wait(lock);
-            worker_cold = false;
-        }
-    }
-}
-
-void Engine::wait_for(MpiWork& w) {
-    if (w.state.load(std::memory_order_acquire) >= MpiWork::kDone) return;
-    std::unique_lock lock(mu);
-    while (w.state.load(std::memory_order_acquire) < MpiWork::kDone) {
-        if (!busy && !queue.empty()) {
-            // The worker has not started: run the queue up to our call here.
-            run_front(*this, lock);
-            continue;
-        }
-        ++waiters;
-        done_cv.wait(lock);
-        --waiters;
-    }
-}
-
-// The match check: every rank contributes the hash of its fingerprint and
-// its negation, so one MPI_MAX all-reduce yields the maximum and minimum.
-// They agree only if every rank called the same thing.
-void verify_match(Engine& e, const Fingerprint& fp) {
-    const uint64_t h = fp.hash() ^ (fp.seq * 0x9e3779b97f4a7c15ull);
-    long long v[4] = {(long long)(h >> 32), (long long)(h & 0xffffffffu), -(long long)(h >> 32),
-                      -(long long)(h & 0xffffffffu)};
-    mpi_check(MPI_Allreduce(MPI_IN_PLACE, v, 4, MPI_LONG_LONG, MPI_MAX, e.comm),
-              "MPI_Allreduce (match check)", CallContext{&e, &fp});
-    if (v[0] == -v[2] && v[1] == -v[3]) return;
-    // Every rank sees the same maxima, so every rank gets here and reports.
-    if (auto* w = watchdog()) {
-        w->raise(e.monitor->id(), Watchdog::kMismatch);
-        // The watchdog ends the process once the report is out; this is the fallback.
-        std::this_thread::sleep_for(std::chrono::duration<double>(30.0 + e.options.timeout_s));
-    }
-    throw CommError(
-        fmt::format("{}: ranks called different collectives at {}", e.name, fp.describe()));
-}
-
-void Engine::execute(MpiWork& w) {
-    w.state.store(MpiWork::kRunning, std::memory_order_release);
-    const Fingerprint& fp = w.fingerprint();
-    monitor->begin(fp);
-    try {
-        if (options.verify && fp.op != CollOp::split) verify_match(*this, fp);
-        w.run(CallContext{this, &fp});
-        monitor->end(fp);
-        w.state.store(MpiWork::kDone, std::memory_order_release);
-    } catch (const std::exception& e) {
-        w.error = e.what();
-        w.state.store(MpiWork::kFailed, std::memory_order_release);
-    }
-}
-
-bool MpiWork::test() {
-    const int s = state.load(std::memory_order_acquire);
-    if (s == kFailed) throw CommError(error);
-    return s == kDone;
-}
-
-void MpiWork::wait() {
-    engine_->wait_for(*this);
-    if (state.load(std::memory_order_acquire) == kFailed) throw CommError(error);
-}
-
-}  // namespace detail
 
 namespace {
 
@@ -389,27 +225,23 @@ class MpiGroup : public ProcessGroup {
     }
 
     void reserve_scratch(size_t bytes) override {
-        std::unique_lock lock(e_->mu);
-        // The scratch belongs to whoever executes; drain the queue first.
-        while (e_->busy || !e_->queue.empty()) {
-            if (!e_->busy) {
-                run_front(*e_, lock);
-                continue;
-            }
-            ++e_->waiters;
-            e_->done_cv.wait(lock);
-            --e_->waiters;
-        }
-        e_->scratch.ensure(bytes * 2);  // bf16 widened to f32
-        e_->shard.ensure(bytes);
+        // The scratch belongs to whoever executes: no call may run meanwhile.
+        e_->run_exclusive([e = e_.get(), bytes] {
+            e->scratch.ensure(bytes * 2);  // bf16 widened to f32
+            e->shard.ensure(bytes);
+        });
     }
 
   private:
     template <class Fn>
     WorkHandle submit(Fingerprint fp, Fn fn) {
-        std::shared_ptr<MpiWork> w = std::make_shared<detail::MpiWorkFn<Fn>>(fp, e_, std::move(fn));
+        using W = detail::MpiWorkFn<Fn>;
+        void* block = detail::work_block_allocate(sizeof(W));
+        W* w = new (block) W(fp, e_.get(), std::move(fn));
+        // The engine's queue holds w without a reference (MpiWork::release).
+        WorkHandle handle(static_cast<Work*>(w), &MpiWork::release, detail::WorkAllocator<Work>{});
         e_->enqueue(w);
-        return w;
+        return handle;
     }
 
     std::shared_ptr<Engine> e_;

@@ -37,6 +37,31 @@ struct CallContext {
 };
 void mpi_check(int rc, const char* what, const CallContext& context);
 
+// A lock for a few instructions (a queue push or pop): acquiring is one
+// atomic exchange and releasing a plain store, where a pthread mutex costs an
+// atomic operation on each side. Spins briefly, then yields, in case the
+// holder was preempted on an oversubscribed machine.
+class SpinLock {
+  public:
+    void lock() noexcept {
+        for (int spins = 0; locked_.exchange(true, std::memory_order_acquire);) {
+            while (locked_.load(std::memory_order_relaxed)) {
+                if (++spins < 64) {
+#if defined(__x86_64__) || defined(__i386__)
+                    __builtin_ia32_pause();
+#endif
+                } else {
+                    std::this_thread::yield();
+                }
+            }
+        }
+    }
+    void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+
+  private:
+    std::atomic<bool> locked_{false};
+};
+
 // Everything one MPI process group owns; shared with its Work handles so a
 // handle outlives nothing it points to.
 struct Engine {
@@ -56,65 +81,123 @@ struct Engine {
     // the worker while it is "warm" (it polls the queue every kPoll for a
     // while after the last call; a woken thread on a busy machine costs more
     // than the call); a cold worker, or a second queued call, is woken at once.
-    std::mutex mu;
-    std::condition_variable worker_cv;  // the worker sleeps here
-    std::condition_variable done_cv;    // waiters sleep here
-    std::deque<std::shared_ptr<MpiWork>> queue;
-    bool busy = false;  // a thread is executing a call of this group
+    // A caller waiting on a call that another thread runs sleeps on the call's
+    // own state (MpiWork::state), so finishing a call wakes only its waiters.
+    SpinLock lock;  // guards queue, stop, worker_cold and seq, and the claim of busy
+    std::deque<MpiWork*> queue;
+    std::atomic<size_t> queued{0};  // queue.size(), also readable without the lock
+    // A thread is executing a call of this group. Claimed under the lock,
+    // released by a plain store without it (one atomic operation less per
+    // call); the data it guards below is handed over by that release.
+    std::atomic<bool> busy{false};
     bool stop = false;
     bool worker_cold = true;
-    int waiters = 0;
-    Clock::time_point last_call{};  // coarse: it only tells a warm worker from a cold one
+    uint64_t seq = 0;
     std::thread worker;
-    uint64_t seq = 0;                  // guarded by mu
+    // Waking the worker is off the fast path: a plain mutex and condition.
+    std::mutex wake_mu;
+    std::condition_variable wake_cv;
+    bool wake_pending = false;  // guarded by wake_mu
+    // Bumped (by the executing thread only) each time a call ends; callers
+    // whose call another thread runs sleep on it.
+    std::atomic<uint32_t> ended{0};
     std::atomic<uint64_t> p2p_seq{0};  // send/recv are numbered apart: peers differ
 
     // Used only by the thread executing a call (busy guards them).
+    uint64_t chain = 0;     // match check: hash of every call so far, in order
     ScratchBuffer scratch;  // f32 copy of bf16 data
     ScratchBuffer shard;    // hierarchical: this rank's node-local shard
     ScratchBuffer ring;     // ring algorithms: two chunks in flight
     MPI_Comm local = MPI_COMM_NULL, cross = MPI_COMM_NULL;
     std::atomic<bool> hierarchical{false};
 
-    void enqueue(const std::shared_ptr<MpiWork>& w);
+    void enqueue(MpiWork* w);
     // Blocks until w is done, running queued calls in order when the worker is idle.
     void wait_for(MpiWork& w);
-    void execute(MpiWork& w);
+    // Runs fn with no call queued or running (the queue drained first), so
+    // that fn may touch what executing threads own (the scratch buffers).
+    void run_exclusive(const std::function<void()>& fn);
+    // held: the executing thread holds a handle of w (then no other thread
+    // can destroy it, and the end of the call is published without an
+    // atomic read-modify-write).
+    void execute(MpiWork& w, bool held);
     void worker_loop();
+    void wake_worker();
     void shutdown();
 };
 
-// Runs the front call of e's queue with the lock released; the caller holds
-// `lock` and has checked !e.busy && !e.queue.empty().
-void run_front(Engine& e, std::unique_lock<std::mutex>& lock);
+// Runs the front call of e's queue; the caller holds `lock` and has checked
+// !e.busy && !e.queue.empty(). Returns with the lock released, and whether
+// more calls are queued (a caller other than the worker then wakes it).
+// own: the caller's call, if it waits on one (it holds a handle of it).
+bool run_front(Engine& e, std::unique_lock<SpinLock>& lock, const MpiWork* own = nullptr);
 
+// A collective in the queue. Its lifetime is shared by the user's handles
+// and the engine without a second reference count (two atomic operations a
+// call): the queue holds a plain pointer, and when the last handle goes
+// before the call has ended (MpiWork::release) the executing thread destroys
+// the work once it ends.
 class MpiWork : public Work {
   public:
-    MpiWork(Fingerprint fp, std::shared_ptr<Engine> engine)
-        : Work(fp), engine_(std::move(engine)) {}
+    // A plain engine pointer for the same reason: the engine drains its queue
+    // before it goes (Engine::shutdown), so a handle that outlives it is done
+    // and never touches it again.
+    MpiWork(Fingerprint fp, Engine* engine) : Work(fp), engine_(engine) {}
     bool test() override;
     void wait() override;
 
-    enum State : int { kQueued, kRunning, kDone, kFailed };
-    std::atomic<int> state{kQueued};
+    // A work is created kDone ("nothing in flight", so a handle dropped
+    // before the call was queued frees it) and set to kQueued when queued.
+    // kOrphan is or-ed in by release() when no handle is left.
+    enum State : int { kQueued = 0, kRunning = 1, kDone = 2, kFailed = 3, kOrphan = 4 };
+    std::atomic<int> state{kDone};
     std::string error;
 
     // Numbered under the group's lock, so threads may issue concurrently.
     void set_seq(uint64_t seq) { fp_.seq = seq; }
     // The MPI calls of this collective; run by whichever thread executes it.
     virtual void run(const CallContext& ctx) = 0;
+    // Runs the destructor and frees the block (the most derived type knows its size).
+    virtual void destroy() noexcept = 0;
+    // The deleter of the handles' shared_ptr: destroys the work now if its
+    // call has ended, else marks it for the executing thread to destroy.
+    static void release(Work* w) noexcept;
 
   private:
-    std::shared_ptr<Engine> engine_;
+    Engine* engine_;
+};
+
+// Work handles come and go once per call; a small per-thread free list of
+// fixed-size blocks makes the allocation a few loads and stores where
+// malloc and free cost about ten nanoseconds together. Blocks freed on
+// another thread (the worker) join that thread's list.
+void* work_block_allocate(size_t bytes);
+void work_block_free(void* p, size_t bytes) noexcept;
+
+template <class T>
+struct WorkAllocator {
+    using value_type = T;
+    WorkAllocator() = default;
+    template <class U>
+    WorkAllocator(const WorkAllocator<U>&) {}
+    T* allocate(size_t n) { return static_cast<T*>(work_block_allocate(n * sizeof(T))); }
+    void deallocate(T* p, size_t n) noexcept { work_block_free(p, n * sizeof(T)); }
+    template <class U>
+    bool operator==(const WorkAllocator<U>&) const {
+        return true;
+    }
 };
 
 // The call's closure lives inside the Work: one allocation per call.
 template <class Fn>
 class MpiWorkFn final : public MpiWork {
   public:
-    MpiWorkFn(Fingerprint fp, std::shared_ptr<Engine> engine, Fn fn)
-        : MpiWork(fp, std::move(engine)), fn_(std::move(fn)) {}
+    MpiWorkFn(Fingerprint fp, Engine* engine, Fn fn) : MpiWork(fp, engine), fn_(std::move(fn)) {}
     void run(const CallContext& ctx) override { fn_(ctx); }
+    void destroy() noexcept override {
+        this->~MpiWorkFn();
+        work_block_free(this, sizeof(MpiWorkFn));
+    }
 
   private:
     Fn fn_;

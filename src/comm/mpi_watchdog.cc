@@ -60,12 +60,14 @@ Watchdog::Watchdog(double timeout_s) : timeout_s_(timeout_s) {
     MPI_Comm_dup(MPI_COMM_WORLD, &side_);
     MPI_Comm_rank(side_, &world_rank_);
     MPI_Comm_size(side_, &world_size_);
+    Ticker::start();
     thread_ = std::thread([this] { loop(); });
 }
 
 Watchdog::~Watchdog() {
     stop_ = true;
     if (thread_.joinable()) thread_.join();
+    Ticker::stop();
 }
 
 void Watchdog::watch(const std::shared_ptr<GroupMonitor>& monitor) {
@@ -85,6 +87,7 @@ void Watchdog::loop() {
     const double poll = std::min(0.1, timeout_s_ / 10);
     while (!stop_) {
         std::this_thread::sleep_for(std::chrono::duration<double>(poll));
+        Ticker::tick();
         int flag = 0;
         MPI_Test(&alarm_req, &flag, MPI_STATUS_IGNORE);
         if (flag) report(uint64_t(alarm[0]), int(alarm[1]), int(alarm[2]));

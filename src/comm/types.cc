@@ -59,13 +59,44 @@ std::string Fingerprint::describe() const {
     return s;
 }
 
-uint64_t Fingerprint::hash() const {
-    // The tag kind takes part by content, so two binaries agree on it.
-    const std::string kind = tag.kind ? tag.kind : "";
-    const std::string key =
-        fmt::format("{}|{}|{}|{}|{}|{}", int(op), int(dtype), count, kind, tag.id, peer);
-    return XXH64(key.data(), key.size(), 0x61706961);
+namespace {
+
+// A 64-bit mix (the xxh64 / murmur finalizer family): the match check
+// guards against mistakes, not adversaries, so a multiply and a few shifts
+// per word are enough.
+inline uint64_t mix(uint64_t h, uint64_t v) {
+    h ^= v * 0x9E3779B97F4A7C15ull;
+    h = (h << 31 | h >> 33) * 0xC2B2AE3D27D4EB4Full;
+    return h ^ (h >> 29);
 }
+
+// The hash of a tag kind's text. Kinds are string literals, so the last one
+// seen per thread is almost always the next one too.
+uint64_t kind_hash(const char* kind) {
+    if (!kind) return 0;
+    thread_local const char* last = nullptr;
+    thread_local uint64_t last_hash = 0;
+    if (kind != last) {
+        last_hash = XXH3_64bits(kind, std::strlen(kind));
+        last = kind;
+    }
+    return last_hash;
+}
+
+}  // namespace
+
+uint64_t Fingerprint::hash() const {
+    // Runs on every collective (the match check chains it): no formatting,
+    // no allocation, two independent multiplies and one mix. The tag kind
+    // takes part by content, so two binaries (or two address-space layouts)
+    // agree on it.
+    const uint64_t a = kind_hash(tag.kind) ^ (uint64_t(count) * 0x9E3779B97F4A7C15ull);
+    const uint64_t b = (uint64_t(tag.id) * 0xC2B2AE3D27D4EB4Full) ^
+                       ((uint64_t(uint32_t(peer)) << 16) | (uint64_t(op) << 8) | uint64_t(dtype));
+    return mix(a, b);
+}
+
+uint64_t Fingerprint::chain(uint64_t previous) const { return mix(previous, hash()); }
 
 bool Fingerprint::same_call(const Fingerprint& o) const {
     const bool same_kind = (tag.kind == nullptr && o.tag.kind == nullptr) ||

@@ -52,8 +52,10 @@ struct Fingerprint {
 
     // "all_reduce #1043 bucket 7 (f32 x 1048576)"
     std::string describe() const;
-    // Hash of everything but seq, for the start-of-call match check.
+    // Hash of everything but seq (cheap: it runs on every call).
     uint64_t hash() const;
+    // The match check's running hash after this call, from the one before it.
+    uint64_t chain(uint64_t previous) const;
     bool same_call(const Fingerprint& o) const;
 };
 

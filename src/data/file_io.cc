@@ -12,6 +12,30 @@
 
 namespace apiary::data {
 
+std::string unusable_input(const std::string& path) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const auto st = fs::status(path, ec);
+    if (ec || !fs::exists(st)) return "does not exist";
+    if (fs::is_directory(st)) return "is a directory";
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return fmt::format("is not readable: {}", std::strerror(errno));
+    bool empty = false;
+    if (fs::is_regular_file(st)) {
+        empty = fs::file_size(path, ec) == 0;
+    } else {
+        char byte;  // a device or pipe: does it give anything? (/dev/null does not)
+        empty = ::read(fd, &byte, 1) == 0;
+    }
+    ::close(fd);
+    if (empty) return "is empty";
+    if (!fs::is_regular_file(st)) {
+        return "is not a regular file (a device or pipe would be read more than once: write it "
+               "to a file first)";
+    }
+    return "";
+}
+
 std::string read_file(const std::string& path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {

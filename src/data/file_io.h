@@ -18,4 +18,12 @@ uint64_t xxhash64_file(const std::string& path);
 // Hash as 16 lowercase hex digits, the form manifests store.
 std::string hex64(uint64_t h);
 
+// Why `path` cannot serve as a text input (a corpus, a file to prepare),
+// for a message "<what>: '<path>' <why>": "does not exist", "is a
+// directory", "is not readable: <reason>", "is empty" (also /dev/null and
+// other devices or pipes that give nothing), or "is not a regular file ..."
+// (a device or pipe with content: inputs are read more than once). ""
+// when it can.
+std::string unusable_input(const std::string& path);
+
 }  // namespace apiary::data

@@ -15,7 +15,8 @@ void add_keys(core::Schema& s) {
     s.add_string("data.tokenizer_file", "",
                  "tokenizer.json of the shards; when set, every manifest's tokenizer hash must "
                  "match it");
-    s.add_int("data.seed", 1234, "seed of the training data order (the global shuffle, with the epoch)", 0);
+    s.add_int("data.seed", 1234,
+              "seed of the training data order (the global shuffle, with the epoch)", 0);
     s.add_bool("data.shuffle", true, "shuffle training windows (validation is never shuffled)");
     s.add_int("data.prefetch", 4, "batches the loader thread prepares ahead (0: no thread)", 0,
               1024);
@@ -43,6 +44,15 @@ void add_keys(core::Schema& s) {
                  {"tokens", "batch"});
 }
 
+RemoteOptions remote_options_from(const core::Config& c) {
+    RemoteOptions r;
+    r.cache_dir = c.get_string("data.cache_dir");
+    r.cache_bytes = static_cast<uint64_t>(c.get_int("data.cache_mb")) << 20;
+    r.s3_endpoint = c.get_string("data.s3_endpoint");
+    r.s3_region = c.get_string("data.s3_region");
+    return r;
+}
+
 LoaderOptions LoaderOptions::from_config(const core::Config& c, int dp_rank, int dp_size,
                                          const std::string& split) {
     LoaderOptions o;
@@ -60,10 +70,7 @@ LoaderOptions LoaderOptions::from_config(const core::Config& c, int dp_rank, int
                                                                         : CurriculumMode::tokens;
     o.prefetch = static_cast<int>(c.get_int("data.prefetch"));
     o.verify = c.get_bool("data.verify");
-    o.remote.cache_dir = c.get_string("data.cache_dir");
-    o.remote.cache_bytes = static_cast<uint64_t>(c.get_int("data.cache_mb")) << 20;
-    o.remote.s3_endpoint = c.get_string("data.s3_endpoint");
-    o.remote.s3_region = c.get_string("data.s3_region");
+    o.remote = remote_options_from(c);
     if (!c.get_string("data.tokenizer_file").empty()) {
         o.tokenizer_hash = hex64(Tokenizer::load(c.get_string("data.tokenizer_file")).hash());
     }

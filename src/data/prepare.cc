@@ -88,7 +88,9 @@ class SplitWriter {
 nlohmann::json settings_of(const PrepareOptions& o, const Tokenizer& tok) {
     nlohmann::json inputs = nlohmann::json::array();
     for (const auto& p : o.inputs) {
-        if (!fs::exists(p)) throw IoError(fmt::format("prepare: input '{}' does not exist", p));
+        if (const std::string why = unusable_input(p); !why.empty()) {
+            throw DataError(fmt::format("prepare: input '{}' {}", p, why));
+        }
         inputs.push_back({{"path", p}, {"bytes", fs::file_size(p)}});
     }
     return {{"inputs", inputs},
@@ -97,6 +99,29 @@ nlohmann::json settings_of(const PrepareOptions& o, const Tokenizer& tok) {
             {"val_fraction", o.val_fraction},
             {"unit_bytes", o.unit_bytes},
             {"shard_units", o.shard_units}};
+}
+
+// Unit 0 goes to the validation split, so an input of one unit has no train
+// tokens at all: that is an error (a dataset nothing can train on), and a
+// train split smaller than the validation split is worth a warning.
+void check_split(const PrepareOptions& opt, PrepareStats& stats, uint64_t units,
+                 uint64_t val_units) {
+    const std::string how = fmt::format(
+        "the input ({} bytes) made {} unit{} of up to {} bytes and the validation split took {} "
+        "(unit 0 always goes there, then a fraction {} of them)",
+        stats.bytes, units, units == 1 ? "" : "s", opt.unit_bytes, val_units, opt.val_fraction);
+    const std::string fix =
+        "give more text, smaller units or a validation fraction of 0 (apiary data prepare "
+        "--unit-kb / --val-fraction; apiary train: data.val_fraction)";
+    if (stats.train_tokens == 0) {
+        // No manifest: the output must not pass for a complete dataset.
+        throw DataError(fmt::format("prepare: no train tokens: {}; {}", how, fix));
+    }
+    if (stats.train_tokens < stats.val_tokens) {
+        stats.warnings.push_back(
+            fmt::format("only {} train tokens against {} validation tokens: {}; {}",
+                        stats.train_tokens, stats.val_tokens, how, fix));
+    }
 }
 
 }  // namespace
@@ -231,6 +256,7 @@ PrepareStats prepare(const PrepareOptions& opt) {
     stats.train_tokens = stats.val_tokens = 0;
     for (const auto& s : m.shards)
         (s.split == "val" ? stats.val_tokens : stats.train_tokens) += s.tokens;
+    check_split(opt, stats, next_index, split_units["val"]);
     m.save();
     stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return stats;

@@ -37,8 +37,14 @@ struct PrepareStats {
     size_t shards_written = 0, shards_skipped = 0;
     double seconds = 0;
     bool already_complete = false;
+    // Things the caller should tell the user (e.g. a split much smaller than intended).
+    std::vector<std::string> warnings;
 };
 
+// Throws DataError naming the input for an input that does not exist, is
+// empty or is not a regular file, and when the result would hold no train
+// tokens (then no manifest.json is written, so the directory is never taken
+// for a complete dataset).
 PrepareStats prepare(const PrepareOptions& options);
 
 }  // namespace apiary::data

@@ -6,9 +6,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
+#include <random>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -134,6 +138,23 @@ std::string server_question(const RemoteTarget& t) {
 
 }  // namespace
 
+double retry_delay_s(int failures, double base_s, double max_s, double u) {
+    const double ceiling = std::min(max_s, base_s * std::ldexp(1.0, std::min(failures, 60) - 1));
+    return std::clamp(u, 0.0, 1.0) * std::max(0.0, ceiling);
+}
+
+namespace {
+
+// Sleeps before retry number `failures` of a request (see retry_delay_s).
+void back_off(int failures, const RemoteOptions& o) {
+    thread_local std::mt19937_64 rng(std::random_device{}());
+    const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+    std::this_thread::sleep_for(
+        std::chrono::duration<double>(retry_delay_s(failures, o.retry_base_s, o.retry_max_s, u)));
+}
+
+}  // namespace
+
 bool is_url(const std::string& path) {
     return path.rfind("http://", 0) == 0 || path.rfind("https://", 0) == 0 || is_s3_url(path);
 }
@@ -153,6 +174,7 @@ std::string ShardCache::fetch_text(const std::string& url) const {
     const RemoteTarget t = target(url);
     std::string last;
     for (int attempt = 0; attempt < opt_.retries; ++attempt) {
+        if (attempt > 0) back_off(attempt, opt_);
         std::string body, error;
         Sink sink;
         sink.text = &body;
@@ -212,6 +234,8 @@ void ShardCache::download(const RemoteTarget& t, const std::string& tmp, uint64_
             failures = 0;
             continue;
         }
+        // A connection that dropped after some bytes is resumed at once; one
+        // that brought nothing waits longer each time.
         failures = offset > before ? 0 : failures + 1;
         if (rc == CURLE_OK) error = "the server closed the response early";
         if (failures >= opt_.retries) {
@@ -221,6 +245,7 @@ void ShardCache::download(const RemoteTarget& t, const std::string& tmp, uint64_
                             "without progress); {}",
                             t.where(), error, offset, bytes, failures, server_question(t)));
         }
+        if (failures > 0) back_off(failures, opt_);
     }
     if (std::fflush(f) != 0 || ::fsync(fileno(f)) != 0) {
         std::fclose(f);

@@ -38,10 +38,20 @@ struct RemoteOptions {
     uint64_t cache_bytes = 10ull << 30;
     size_t range_bytes = 16u << 20;
     int retries = 5;
+    // Waits between failed attempts: exponential backoff with full jitter
+    // (retry_delay_s), so that ranks whose downloads failed together do not
+    // all come back at the same moment.
+    double retry_base_s = 0.2;
+    double retry_max_s = 10.0;
     long connect_timeout_s = 10;
     std::string s3_endpoint{};  // empty: AWS_ENDPOINT_URL, else AWS's (data/s3.h)
     std::string s3_region{};    // empty: AWS_REGION, AWS_DEFAULT_REGION, else us-east-1
 };
+
+// Seconds to wait before retry number `failures` (1, 2, ...) of a request:
+// u * min(max_s, base_s * 2^(failures - 1)), u uniform in [0, 1) ("full
+// jitter": the waits of many clients spread over the whole interval).
+double retry_delay_s(int failures, double base_s, double max_s, double u);
 
 struct RemoteTarget;  // a URL as requested (remote.cc)
 

@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
+#include <map>
 
 #include "core/error.h"
 #include "data/file_io.h"
@@ -155,6 +157,53 @@ void ShardReader::verify(const std::string& expected) const {
     }
 }
 
+void check_against_manifest(const ShardReader& r, const Manifest& m, const ShardInfo& s) {
+    auto differs = [&](const char* what, size_t offset, const auto& got, const auto& want) {
+        return DataError(
+            fmt::format("shard '{}': {} {} (header byte {}) differs from the "
+                        "manifest's {}; the shard or '{}/manifest.json' was changed "
+                        "after `apiary data prepare` wrote them",
+                        r.path(), what, got, offset, want, m.dir));
+    };
+    if (r.file_bytes() != s.bytes) {
+        throw DataError(
+            fmt::format("shard '{}' has {} bytes, the manifest says {}; re-run "
+                        "`apiary data prepare`",
+                        r.path(), r.file_bytes(), s.bytes));
+    }
+    if (r.num_tokens() != s.tokens) {
+        throw differs("token count", offsetof(ShardHeader, num_tokens), r.num_tokens(), s.tokens);
+    }
+    if (r.num_docs() != s.documents) {
+        throw differs("document count", offsetof(ShardHeader, num_docs), r.num_docs(), s.documents);
+    }
+    if (r.token_bytes() != m.token_bytes) {
+        throw differs("token size in bytes", offsetof(ShardHeader, token_bytes), r.token_bytes(),
+                      m.token_bytes);
+    }
+    if (hex64(r.tokenizer_hash()) != m.tokenizer_hash) {
+        throw differs("tokenizer hash", offsetof(ShardHeader, tokenizer_hash),
+                      hex64(r.tokenizer_hash()), m.tokenizer_hash);
+    }
+    if (r.vocab_size() != m.vocab_size) {
+        throw differs("vocabulary size", offsetof(ShardHeader, vocab_size), r.vocab_size(),
+                      m.vocab_size);
+    }
+}
+
+void check_tokens_in_vocab(const ShardReader& r, uint64_t first, const int32_t* tokens, uint64_t n,
+                           uint64_t vocab_size, const char* why_unverified) {
+    for (uint64_t i = 0; i < n; ++i) {
+        if (tokens[i] >= 0 && uint64_t(tokens[i]) < vocab_size) continue;
+        const uint64_t at = first + i;
+        throw DataError(fmt::format(
+            "shard '{}': token {} at byte {} is {}, past the vocabulary size {} ({}, so the "
+            "shard was not checked before use; `apiary data verify {}` checks every shard)",
+            r.path(), at, kShardHeaderBytes + at * r.token_bytes(), uint32_t(tokens[i]), vocab_size,
+            why_unverified, fs::path(r.path()).parent_path().string()));
+    }
+}
+
 uint32_t ShardReader::token(uint64_t i) const {
     const uint8_t* p = data_ + kShardHeaderBytes + i * header_.token_bytes;
     if (header_.token_bytes == 2) {
@@ -234,6 +283,7 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& source)
         m.token_bytes = dtype == "uint16" ? 2 : 4;
         const auto& list = j.at("shards");
         if (!list.is_array()) throw bad("'shards' is not an array");
+        std::map<std::string, size_t> seen;
         for (size_t i = 0; i < list.size(); ++i) {
             const auto& e = list[i];
             ShardInfo s;
@@ -252,6 +302,13 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& source)
             if (s.split != "train" && s.split != "val") {
                 throw bad(
                     fmt::format("shards[{}].split '{}' is neither train nor val", i, s.split));
+            }
+            // A shard listed twice would be read twice as often as the others.
+            if (const auto [it, fresh] = seen.emplace(s.file, i); !fresh) {
+                throw bad(
+                    fmt::format("shards[{}] and shards[{}] both list '{}'; every shard "
+                                "appears once",
+                                it->second, i, s.file));
             }
             m.shards.push_back(std::move(s));
         }

@@ -60,6 +60,7 @@ class ShardReader {
     uint32_t token_bytes() const { return header_.token_bytes; }
     uint64_t tokenizer_hash() const { return header_.tokenizer_hash; }
     uint64_t vocab_size() const { return header_.vocab_size; }
+    uint64_t file_bytes() const { return size_; }
     uint32_t token(uint64_t i) const;
     // Copies tokens [begin, begin + n) into out as int32.
     void copy_tokens(uint64_t begin, uint64_t n, int32_t* out) const;
@@ -97,5 +98,17 @@ struct Manifest {
     std::vector<ShardInfo> split(const std::string& name) const;
     std::string shard_path(const ShardInfo& s) const { return dir + "/" + s.file; }
 };
+
+// Checks what a shard's header and size say against its manifest entry and
+// the manifest: file size, token count, documents, token dtype, tokenizer
+// hash and vocabulary size. DataError naming the file, the field (with its
+// byte offset in the header) and both values. verify() then checks content.
+void check_against_manifest(const ShardReader& r, const Manifest& m, const ShardInfo& s);
+
+// Checks n tokens just read from shard r (starting at token `first`) against
+// the vocabulary: the loader's guard for shards whose content was not
+// verified (data.verify = false). DataError naming the file and the token.
+void check_tokens_in_vocab(const ShardReader& r, uint64_t first, const int32_t* tokens, uint64_t n,
+                           uint64_t vocab_size, const char* why_unverified);
 
 }  // namespace apiary::data

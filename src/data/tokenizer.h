@@ -16,7 +16,6 @@
 #include <memory>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 namespace apiary::data {
@@ -71,27 +70,86 @@ class Tokenizer {
         void encode_piece(std::string_view piece, std::vector<uint32_t>& out);
 
       private:
+        // A pre-token of up to kSlotBytes bytes that encodes to at most
+        // kSlotIds ids, in one 64-byte line; len 0 marks an empty slot.
+        static constexpr size_t kSlotBytes = 22, kSlotIds = 10;
+        struct Slot {
+            uint8_t len = 0, count = 0;
+            char bytes[kSlotBytes];
+            uint32_t ids[kSlotIds];
+        };
+        // Heap entry of merge_long: a candidate merge at a left position.
+        struct Candidate {
+            uint32_t rank, pos, left, right;
+        };
         void merge_short(std::string_view piece, std::vector<uint32_t>& out);
         void merge_long(std::string_view piece, std::vector<uint32_t>& out);
+        void remember(std::string_view piece, const uint32_t* ids, size_t count);
+
         const Tokenizer* tok_;
-        std::unordered_map<std::string, std::vector<uint32_t>> cache_;
-        std::vector<uint32_t> ids_, ranks_;
+        // Direct-mapped cache of pre-tokens: no allocation per entry, and a
+        // miss costs one line. Grows from small (an encoder may live for one
+        // short string) while it keeps missing.
+        std::vector<Slot> cache_;
+        size_t cache_misses_ = 0;
+        // merge_long's scratch, kept between calls.
+        std::vector<uint32_t> id_, next_, prev_;
+        std::vector<Candidate> heap_;
     };
 
   private:
+    // Open addressing over (left, right) id pairs in 8-byte slots (a table
+    // of 1 MiB for GPT-2's 50000 merges, which stays in L2): one multiply and
+    // usually one cache line per lookup, where std::unordered_map costs a
+    // division and a pointer chase. Lookups are most of the work of encoding
+    // a pre-token the cache does not hold. A slot packs left (22 bits),
+    // right and rank (21 bits each), so ids must stay below kMaxVocab.
+    class PairTable {
+      public:
+        static constexpr uint32_t kMaxVocab = (1u << 21) - 1;
+        // A pair listed twice keeps its first (lowest) rank, as in Hugging Face.
+        void build(const std::vector<Merge>& merges);
+        // The rank of merging a then b, or UINT32_MAX.
+        uint32_t find(uint32_t a, uint32_t b) const {
+            const uint64_t key = (uint64_t(a) << 21) | b;
+            for (size_t i = (key * 0x9E3779B97F4A7C15ull) >> shift_;; i = (i + 1) & mask_) {
+                const uint64_t v = slots_[i];
+                if ((v >> 21) == key) return uint32_t(v & kRankMask);
+                if (v == kEmpty) return UINT32_MAX;
+            }
+        }
+        // The id a merge of that rank makes. Most vocabularies (GPT-2's, and
+        // those apiary trains) number merged tokens in rank order: then no
+        // memory is read.
+        uint32_t result(uint32_t rank) const {
+            return sequential_ ? rank + first_result_ : results_[rank];
+        }
+        // The rank of merging the tokens of bytes a and b (a dense table:
+        // every pre-token starts as bytes, so these lookups are a third of all).
+        uint32_t find_bytes(unsigned char a, unsigned char b) const {
+            return byte_pairs_[(size_t(a) << 8) | b];
+        }
+        void build_bytes(const uint32_t* byte_id);
+
+      private:
+        static constexpr uint64_t kEmpty = ~0ull;  // ids below kMaxVocab never make it
+        static constexpr uint64_t kRankMask = (1u << 21) - 1;
+        std::vector<uint64_t> slots_;
+        size_t mask_ = 0;
+        int shift_ = 63;
+        bool sequential_ = false;
+        uint32_t first_result_ = 0;
+        std::vector<uint32_t> results_;
+        std::vector<uint32_t> byte_pairs_;  // 256 x 256
+    };
+
     void build_index();
-    // (rank, result) of merging ids a then b, or rank == UINT32_MAX.
-    std::pair<uint32_t, uint32_t> merge_of(uint32_t a, uint32_t b) const {
-        auto it = pair_rank_.find((uint64_t(a) << 32) | b);
-        if (it == pair_rank_.end()) return {UINT32_MAX, 0};
-        return {it->second, merges_[it->second].result};
-    }
 
     std::vector<std::string> vocab_;
     std::vector<Merge> merges_;
     std::vector<std::pair<std::string, uint32_t>> specials_;
     uint32_t byte_id_[256] = {};
-    std::unordered_map<uint64_t, uint32_t> pair_rank_;
+    PairTable pairs_;
 };
 
 // GPT-2's reversible map from bytes to printable Unicode characters, used for

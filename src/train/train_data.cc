@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "data/bpe_train.h"
 #include "data/file_io.h"
+#include "data/keys.h"
 #include "data/prepare.h"
 #include "data/remote.h"
 #include "data/shard.h"
@@ -80,11 +81,8 @@ Corpus locate_corpus(const core::Config& c, const fs::path& cache) {
                         "data prepare`",
                         spec));
     }
-    if (!fs::is_regular_file(spec) || ::access(spec.c_str(), R_OK) != 0) {
-        throw DataError(
-            fmt::format("data.corpus: cannot open '{}' (no such file, or not "
-                        "readable)",
-                        spec));
+    if (const std::string why = data::unusable_input(spec); !why.empty()) {
+        throw DataError(fmt::format("data.corpus: '{}' {}; give a text file, or 'kjv'", spec, why));
     }
     return {spec, data::hex64(data::xxhash64_file(spec)), uint64_t(fs::file_size(spec)), spec};
 }
@@ -166,6 +164,10 @@ std::string prepare_corpus(const core::Config& c, const Corpus& corpus, const To
     o.unit_bytes = unit_bytes;
     try {
         data::prepare(o);
+    } catch (const DataError& e) {
+        std::error_code ec;
+        fs::remove_all(tmp, ec);
+        throw DataError(fmt::format("data.corpus '{}': {}", corpus.name, e.what()));
     } catch (...) {
         std::error_code ec;
         fs::remove_all(tmp, ec);
@@ -186,17 +188,25 @@ std::string prepare_corpus(const core::Config& c, const Corpus& corpus, const To
 }
 
 data::Manifest load_manifest(const data::SourceSpec& s, const core::Config& c) {
-    if (data::is_url(s.path)) {
-        data::RemoteOptions r;
-        r.cache_dir = c.get_string("data.cache_dir");
-        r.cache_bytes = uint64_t(c.get_int("data.cache_mb")) << 20;
-        return data::ShardCache(r).manifest(s.path);
-    }
+    if (data::is_url(s.path))
+        return data::ShardCache(data::remote_options_from(c)).manifest(s.path);
     try {
         return data::Manifest::load(s.path);
     } catch (const DataError& e) {
         throw DataError(fmt::format("data.sources: {}", e.what()));
     }
+}
+
+// What gives a split a sample: more text or a shorter train.seq_len always;
+// the validation fraction moves text between the splits, in the direction
+// the split needs (for data.sources it was fixed by `apiary data prepare`).
+std::string no_sample_hint(const std::string& split, bool corpus) {
+    const bool train = split == "train";
+    const std::string fraction =
+        corpus ? fmt::format("a {} data.val_fraction", train ? "smaller" : "larger")
+               : fmt::format("`apiary data prepare` with a {} --val-fraction",
+                             train ? "smaller" : "larger");
+    return fmt::format("use more text, {}, or a shorter train.seq_len", fraction);
 }
 
 // Windows of T + 1 tokens the loader cuts from a split (shard by shard).
@@ -278,12 +288,12 @@ TrainData resolve_train_data(const core::Config& c, bool verbose) {
                 "re-run `apiary data prepare` with it, or name the shards' own tokenizer",
                 where, m.tokenizer_hash, tokenizer_file, data::hex64(file_tok->hash())));
         }
-        for (const char* split : {"train", "val"}) {
+        for (const std::string split : {"train", "val"}) {
             if (windows(m, split, T) == 0) {
-                throw DataError(fmt::format(
-                    "{}: '{}' has no {} sample of {} tokens (train.seq_len + 1); use more text, "
-                    "a larger data.val_fraction, or a shorter train.seq_len",
-                    corpus_name.empty() ? "data.sources" : corpus_name, where, split, T + 1));
+                throw DataError(
+                    fmt::format("{}: '{}' has no {} sample of {} tokens (train.seq_len + 1); {}",
+                                corpus_name.empty() ? "data.sources" : corpus_name, where, split,
+                                T + 1, no_sample_hint(split, !corpus_name.empty())));
             }
         }
         for (const auto& src : m.sources) bytes += src.value("bytes", uint64_t(0));

@@ -9,6 +9,13 @@
 //   config         the culprit's config hash differs
 //   throw          the culprit throws an IoError before bucket 4 (its own
 //                  message must reach the user, not a watchdog report)
+// The late_* scenarios make 400 calls with the default match check (every
+// call among the first 256, then every 64th) and go wrong at call 300, where
+// the check samples:
+//   late_tag       the culprit all-reduces bucket 1 where the others reduce
+//                  bucket 0 (same count: MPI runs it, the sums are garbage)
+//   late_skip      the culprit skips call 300
+//   late_count     the culprit passes 1025 elements at call 300
 
 #include <fmt/core.h>
 
@@ -34,9 +41,16 @@ int main(int argc, char** argv) {
         const bool culprit = world->rank() == world->size() - 1;
         comm::check_config_hash(*world, scenario == "config" && culprit ? 0xbad : 0x600d);
         std::vector<float> grads(1025, 1.0f);
-        for (int b = 0; b < 10; ++b) {
+        const bool late = scenario.rfind("late_", 0) == 0;
+        for (int b = 0; b < (late ? 400 : 10); ++b) {
             int64_t count = 1024;
-            if (culprit) {
+            int64_t bucket = late ? b % 20 : b;
+            if (culprit && late && b == 300) {
+                if (scenario == "late_tag") bucket += 1;
+                if (scenario == "late_skip") continue;
+                if (scenario == "late_count") count = 1025;
+            }
+            if (culprit && !late) {
                 if (scenario == "stall" && b == 6)
                     std::this_thread::sleep_for(std::chrono::seconds(60));
                 if (scenario.rfind("skip", 0) == 0 && b == 5) continue;
@@ -48,7 +62,7 @@ int main(int argc, char** argv) {
             }
             world
                 ->all_reduce(grads.data(), count, core::DType::f32, comm::ReduceOp::avg,
-                             comm::Tag{"bucket", b})
+                             comm::Tag{"bucket", bucket})
                 ->wait();
         }
         world.reset();

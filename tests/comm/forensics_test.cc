@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "comm/bucketed.h"
 #include "comm/mesh.h"
@@ -55,6 +57,77 @@ TEST(Diagnose, ReportsDifferentCallsUnderOneSequenceNumber) {
                        "rank 1 calls all_gather #5 (bf16 x 512)"),
               std::string::npos)
         << msg;
+}
+
+// The sampled match check finds a mismatch some calls after it happened;
+// the histories show where the ranks parted.
+TEST(Diagnose, FindsTheEarliestMismatchInTheHistories) {
+    GroupSnapshot a = waiting(0, ar(8, 3), 1), b = waiting(1, ar(8, 3), 1);
+    a.recent = {ar(4, 4), ar(5, 5), ar(6, 6), ar(7, 7)};
+    b.recent = {ar(4, 4), ar(5, 6), ar(6, 7), ar(7, 8)};
+    const std::string msg = diagnose("dp", {a, b});
+    EXPECT_EQ(msg,
+              "dp: mismatch at #5: rank 0 calls all_reduce #5 bucket 5 (f32 x 1024) while rank 1 "
+              "calls all_reduce #5 bucket 6 (f32 x 1024) (the ranks are now at #8); every rank "
+              "must issue the same collectives in the same order");
+}
+
+TEST(Diagnose, DumpShowsTheLastCallsOfALongHistory) {
+    GroupSnapshot s = waiting(2, ar(40, 0), 1.5);
+    for (uint64_t k = 0; k < 40; ++k) s.recent.push_back(ar(k, int64_t(k)));
+    const std::string line = dump_line("world", s);
+    EXPECT_EQ(line.rfind("rank 2: recent world calls: (24 earlier), all_reduce #24 bucket 24", 0),
+              0u)
+        << line;
+    EXPECT_NE(line.find("all_reduce #39 bucket 39 (f32 x 1024); waits in all_reduce #40"),
+              std::string::npos)
+        << line;
+}
+
+TEST(GroupMonitor, KeepsTheHistoryItIsAskedFor) {
+    GroupMonitor small("world", {0, 1}, 0), big("world", {0, 1}, 0, 100);
+    for (uint64_t k = 0; k < 150; ++k) {
+        small.begin(ar(k, 0));
+        small.end(ar(k, 0));
+        big.begin(ar(k, 0));
+        big.end(ar(k, 0));
+    }
+    EXPECT_EQ(small.snapshot().recent.size(), GroupMonitor::kMinHistory);
+    const GroupSnapshot s = big.snapshot();
+    ASSERT_EQ(s.recent.size(), 100u);
+    EXPECT_EQ(s.recent.front().seq, 50u);
+    EXPECT_EQ(s.last_done->seq, 149u);
+    EXPECT_FALSE(s.in_flight.has_value());
+}
+
+// begin() and end() take no lock; a snapshot taken meanwhile must still see
+// whole fingerprints (each written call has count == 2 * seq, tag id == seq).
+TEST(GroupMonitor, SnapshotsDuringCallsAreConsistent) {
+    GroupMonitor m("world", {0}, 0, 64);
+    std::atomic<bool> stop{false};
+    std::thread writer([&] {
+        for (uint64_t k = 0; !stop; ++k) {
+            const Fingerprint fp = ar(k, int64_t(k), int64_t(2 * k));
+            m.begin(fp);
+            m.end(fp);
+        }
+    });
+    auto whole = [](const Fingerprint& fp) {
+        return fp.count == int64_t(2 * fp.seq) && fp.tag.id == int64_t(fp.seq);
+    };
+    std::string torn;
+    for (int i = 0; i < 20000 && torn.empty(); ++i) {
+        const GroupSnapshot s = m.snapshot();
+        if (s.in_flight && !whole(*s.in_flight)) torn = s.in_flight->describe();
+        for (size_t k = 0; k < s.recent.size() && torn.empty(); ++k) {
+            if (!whole(s.recent[k]) || (k > 0 && s.recent[k].seq != s.recent[k - 1].seq + 1)) {
+                torn = s.recent[k].describe();
+            }
+        }
+    }
+    stop = true;
+    writer.join();
+    EXPECT_EQ(torn, "") << "a snapshot mixed two calls";
 }
 
 TEST(Diagnose, NamesRanksThatDidNotAnswer) {

@@ -1,7 +1,5 @@
 #include "ceph_cluster.h"
 
-#include "test_util.h"
-
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -20,6 +18,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "test_util.h"
+
 namespace apiary::data::testing {
 
 namespace fs = std::filesystem;
@@ -29,7 +29,6 @@ namespace {
 constexpr const char* kBinaries[] = {"/usr/bin/ceph-mon", "/usr/bin/ceph-osd",
                                      "/usr/bin/radosgw",  "/usr/bin/radosgw-admin",
                                      "/usr/bin/ceph",     "/usr/bin/monmaptool"};
-
 
 std::string tail(const std::string& path, size_t lines) {
     std::ifstream in(path);

@@ -286,6 +286,87 @@ TEST(Loader, DamagedShardsGiveErrorsNamingFileAndOffset) {
     EXPECT_EQ(error_of(o), "");
 }
 
+// data.verify = false skips the checksum and the vocabulary scan; a token
+// past the vocabulary must still be named by file and offset (it used to
+// reach the model, whose error named neither).
+TEST(Loader, WithoutVerifyATokenPastTheVocabularyIsNamedByFileAndOffset) {
+    TempDir tmp("loader_noverify");
+    const std::string dir = tmp.path("src");
+    fs::create_directories(dir);
+    Manifest m;
+    m.dir = dir;
+    m.tokenizer_hash = kTokHash;
+    m.vocab_size = 500;
+    m.token_bytes = 2;
+    std::vector<uint32_t> tokens(400, 7);
+    tokens[0] = 900;  // in the first window; the others are fine
+    const uint64_t h = write_shard(dir + "/train_000000.bin", tokens, {0}, 2, 0xaa, 500);
+    m.shards.push_back({"train_000000.bin", "train", tokens.size(), 1,
+                        fs::file_size(dir + "/train_000000.bin"), hex64(h)});
+    m.save();
+    auto o = options({{dir, 1}}, 1, 16);
+    o.shuffle = false;
+    std::string msg = error_of(o);
+    EXPECT_NE(msg.find("train_000000.bin': token 0 at byte 64 is 900, past the vocabulary size "
+                       "500"),
+              std::string::npos)
+        << msg;
+    o.verify = false;
+    msg = error_of(o);
+    EXPECT_NE(msg.find("train_000000.bin': token 0 at byte 64 is 900, past the vocabulary size "
+                       "500 (data.verify = false"),
+              std::string::npos)
+        << msg;
+}
+
+TEST(Loader, ShardHeadersAndSizesMustMatchTheManifest) {
+    TempDir tmp("loader_header");
+    const std::string src = make_source(tmp, "a", 0, 2, 200);
+    const auto o = options({{src, 1}}, 2, 16);
+    const Manifest good = Manifest::load(src);
+    Manifest m = good;
+    m.vocab_size = kVocab - 1;
+    m.save();
+    std::string msg = error_of(o);
+    EXPECT_NE(msg.find(fmt::format("train_000000.bin': vocabulary size {} (header byte 40) "
+                                   "differs from the manifest's {}",
+                                   kVocab, kVocab - 1)),
+              std::string::npos)
+        << msg;
+    m = good;
+    m.shards[1].bytes += 1;
+    m.save();
+    msg = error_of(o);
+    EXPECT_NE(msg.find(fmt::format("train_000001.bin' has {} bytes, the manifest says {}",
+                                   good.shards[1].bytes, good.shards[1].bytes + 1)),
+              std::string::npos)
+        << msg;
+    m = good;
+    m.shards[0].documents = 3;
+    m.save();
+    msg = error_of(o);
+    EXPECT_NE(msg.find("document count 1 (header byte 24) differs from the manifest's 3"),
+              std::string::npos)
+        << msg;
+}
+
+TEST(Manifest, ShardListedTwiceIsRefused) {
+    TempDir tmp("manifest_dup");
+    const std::string src = make_source(tmp, "a", 0, 2, 50);
+    auto j = nlohmann::json::parse(read_file(src + "/manifest.json"));
+    j["shards"].push_back(j["shards"][0]);
+    write_file_atomic(src + "/manifest.json", j.dump());
+    try {
+        Manifest::load(src);
+        FAIL() << "a manifest listing a shard twice was accepted";
+    } catch (const DataError& e) {
+        EXPECT_NE(std::string(e.what()).find("shards[0] and shards[2] both list "
+                                             "'train_000000.bin'"),
+                  std::string::npos)
+            << e.what();
+    }
+}
+
 TEST(Loader, ParsesSourceLists) {
     const auto s = parse_sources("dirA:0.7, /x/y:dirB:0.3,plain");
     ASSERT_EQ(s.size(), 3u);

@@ -241,5 +241,80 @@ TEST(Prepare, LongTextDocumentsStreamInBlocks) {
     }
 }
 
+// The message of the DataError prepare(o) throws ("" when none).
+std::string prepare_error(const PrepareOptions& o) {
+    try {
+        prepare(o);
+    } catch (const DataError& e) {
+        return e.what();
+    }
+    return "";
+}
+
+TEST(Prepare, EmptyMissingAndDeviceInputsAreNamed) {
+    TempDir tmp("prepare_inputs");
+    const Corpus c = make_corpus(tmp);
+    testing::write_text(tmp.path("empty.txt"), "");
+    fs::create_directories(tmp.path("dir"));
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"/dev/null", "is empty"},
+        {tmp.path("empty.txt"), "is empty"},
+        {tmp.path("absent.txt"), "does not exist"},
+        {tmp.path("dir"), "is a directory"}};
+    for (const auto& [input, why] : cases) {
+        auto o = prep_options(c, tmp.path("out"));
+        o.inputs = {c.inputs[0], input};
+        const std::string msg = prepare_error(o);
+        EXPECT_NE(msg.find(fmt::format("prepare: input '{}' {}", input, why)), std::string::npos)
+            << msg;
+    }
+}
+
+// Unit 0 always goes to validation: an input of one unit has no train tokens.
+// That fails, and leaves no manifest.json (which would mark the directory as
+// a complete dataset); a train split smaller than validation warns.
+TEST(Prepare, NoTrainTokensFailsAndLeavesNoManifest) {
+    TempDir tmp("prepare_notrain");
+    const Corpus c = make_corpus(tmp);
+    testing::write_text(tmp.path("small.txt"), c.docs[0]);
+    auto o = prep_options(c, tmp.path("out"));
+    o.inputs = {tmp.path("small.txt")};
+    const std::string msg = prepare_error(o);
+    EXPECT_NE(msg.find(fmt::format("prepare: no train tokens: the input ({} bytes) made 1 unit of "
+                                   "up to 1024 bytes and the validation split took 1",
+                                   c.docs[0].size())),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("validation fraction of 0"), std::string::npos) << msg;
+    EXPECT_FALSE(fs::exists(tmp.path("out/manifest.json")));
+    EXPECT_EQ(prepare_error(o), msg);  // a re-run does not take the directory for complete
+
+    std::string text;
+    while (text.size() < 1500) text += c.docs[text.size() % 50] + " ";
+    testing::write_text(tmp.path("lopsided.txt"), text);
+    o.inputs = {tmp.path("lopsided.txt")};
+    o.out = tmp.path("out2");
+    o.val_fraction = 0.5;  // unit 0 (1024 bytes) to val, unit 1 (the rest) to train
+    const PrepareStats st = prepare(o);
+    ASSERT_EQ(st.warnings.size(), 1u);
+    EXPECT_NE(st.warnings[0].find(fmt::format("only {} train tokens against {} validation tokens",
+                                              st.train_tokens, st.val_tokens)),
+              std::string::npos)
+        << st.warnings[0];
+    EXPECT_TRUE(fs::exists(tmp.path("out2/manifest.json")));
+}
+
+TEST(FileIo, UnusableInputsSayWhy) {
+    TempDir tmp("file_io_inputs");
+    testing::write_text(tmp.path("empty"), "");
+    testing::write_text(tmp.path("text"), "x");
+    EXPECT_EQ(unusable_input("/dev/null"), "is empty");
+    EXPECT_EQ(unusable_input(tmp.path("empty")), "is empty");
+    EXPECT_EQ(unusable_input(tmp.path("absent")), "does not exist");
+    EXPECT_EQ(unusable_input(tmp.path("")), "is a directory");
+    EXPECT_EQ(unusable_input(tmp.path("text")), "");
+    EXPECT_EQ(unusable_input("/dev/zero").rfind("is not a regular file", 0), 0u);
+}
+
 }  // namespace
 }  // namespace apiary::data

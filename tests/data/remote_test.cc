@@ -27,10 +27,9 @@ namespace apiary::data {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::TempDir;
 using testing::can_connect;
 using testing::free_port;
-
+using testing::TempDir;
 
 // nginx serving `root` on a loopback port, in the foreground as our child.
 class Nginx {

@@ -19,6 +19,8 @@
 #include "data/remote.h"
 #include "data/s3.h"
 #include "test_util.h"
+#include "train/keys.h"
+#include "train/train_data.h"
 
 namespace apiary::data {
 namespace {
@@ -226,6 +228,62 @@ TEST_F(S3Ceph, MissingKeyIsNoSuchKeyAndMissingBucketNoSuchBucket) {
         msg.find("no bucket 'no-such-bucket' at " + ceph_->endpoint() + " (from AWS_ENDPOINT_URL)"),
         std::string::npos)
         << msg;
+}
+
+// `apiary train` resolves its sources (manifests, tokenizer, sample counts)
+// before the loader starts; that path must sign for the configured endpoint
+// and region too, with no AWS_* variable but the credentials set (it used
+// to take only the cache keys, and sent its requests to AWS).
+core::Config train_config(const std::string& toml) {
+    static core::Schema schema = [] {
+        core::Schema s;
+        core::add_shared_keys(s);
+        train::add_keys(s);
+        return s;
+    }();
+    core::Config config(schema);
+    config.load_string(toml, "train_s3.toml");
+    return config;
+}
+
+TEST_F(S3Ceph, TrainResolvesS3SourcesAtTheConfiguredEndpointAndRegion) {
+    ASSERT_NO_FATAL_FAILURE(upload(tmp_->path("corpus"), "train-corpus"));
+    ScopedEnv env({{"AWS_ACCESS_KEY_ID", kAccessKey},
+                   {"AWS_SECRET_ACCESS_KEY", kSecretKey},
+                   {"AWS_ENDPOINT_URL", nullptr},
+                   {"AWS_REGION", nullptr},
+                   {"AWS_DEFAULT_REGION", nullptr}});
+    auto toml = [&](const std::string& region) {
+        return fmt::format(R"([data]
+sources = "{}"
+tokenizer_file = "{}"
+s3_endpoint = "{}"
+s3_region = "{}"
+cache_dir = "{}"
+[train]
+seq_len = 32
+)",
+                           s3_url("train-corpus"), tmp_->path("tokenizer.json"), ceph_->endpoint(),
+                           region, tmp_->path("cache"));
+    };
+    const train::TrainData d =
+        train::resolve_train_data(train_config(toml("us-east-1")), /*verbose=*/false);
+    const Manifest local = Manifest::load(tmp_->path("corpus"));
+    EXPECT_EQ(d.manifest, s3_url("train-corpus") + "/manifest.json");
+    EXPECT_EQ(d.tokenizer_hash, local.tokenizer_hash);
+    EXPECT_EQ(d.vocab_size, int64_t(local.vocab_size));
+    EXPECT_GT(d.bytes_per_token, 1.0);
+    // radosgw accepts any signing region, but its refusal of a wrong secret
+    // names the region the request was signed for: data.s3_region's.
+    ScopedEnv wrong({{"AWS_SECRET_ACCESS_KEY", "not-the-secret-key-of-this-user-000000"}});
+    const std::string msg =
+        io_error([&] { train::resolve_train_data(train_config(toml("eu-test-7")), false); });
+    EXPECT_NE(msg.find(fmt::format("(GET {}/{}/train-corpus/manifest.json): HTTP status 403 "
+                                   "SignatureDoesNotMatch",
+                                   ceph_->endpoint(), kBucket)),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("region 'eu-test-7'"), std::string::npos) << msg;
 }
 
 }  // namespace

@@ -14,7 +14,9 @@
 
 #include <map>
 
+#include "core/config.h"
 #include "core/error.h"
+#include "data/keys.h"
 #include "data/loader.h"
 #include "data/remote.h"
 #include "test_util.h"
@@ -22,9 +24,9 @@
 namespace apiary::data {
 namespace {
 
+using testing::free_port;
 using testing::ScopedEnv;
 using testing::TempDir;
-using testing::free_port;
 
 // The message of the ConfigError that f throws ("" when none).
 template <class F>
@@ -115,6 +117,44 @@ TEST(S3Access, EndpointAndRegionFromConfigThenEnvironmentThenAws) {
 
     const std::string msg = config_error([&] { resolve_s3_access("host:1", "", with({})); });
     EXPECT_NE(msg.find("needs a scheme"), std::string::npos) << msg;
+}
+
+TEST(Remote, RetriesBackOffExponentiallyWithFullJitter) {
+    // The ceiling doubles from the base up to the maximum...
+    EXPECT_DOUBLE_EQ(retry_delay_s(1, 0.2, 10, 1.0), 0.2);
+    EXPECT_DOUBLE_EQ(retry_delay_s(2, 0.2, 10, 1.0), 0.4);
+    EXPECT_DOUBLE_EQ(retry_delay_s(4, 0.2, 10, 1.0), 1.6);
+    EXPECT_DOUBLE_EQ(retry_delay_s(7, 0.2, 10, 1.0), 10.0);
+    EXPECT_DOUBLE_EQ(retry_delay_s(1000, 0.2, 10, 1.0), 10.0);
+    // ...and the wait is spread over all of [0, ceiling).
+    EXPECT_DOUBLE_EQ(retry_delay_s(3, 0.2, 10, 0.0), 0.0);
+    EXPECT_DOUBLE_EQ(retry_delay_s(3, 0.2, 10, 0.25), 0.2);
+    EXPECT_DOUBLE_EQ(retry_delay_s(3, 0.2, 10, 0.5), 0.4);
+}
+
+// Every data.* key of a remote source reaches the options, for the loader
+// and for `apiary train`'s resolution of its sources (one function for both).
+TEST(S3Access, EveryRemoteKeyOfTheConfigIsPassedThrough) {
+    core::Schema schema;
+    core::add_shared_keys(schema);
+    add_keys(schema);
+    core::Config config(schema);
+    config.load_string(R"([data]
+cache_dir = "/tmp/shard-cache"
+cache_mb = 77
+s3_endpoint = "http://127.0.0.1:7480"
+s3_region = "eu-test-7"
+)",
+                       "remote.toml");
+    const RemoteOptions r = remote_options_from(config);
+    EXPECT_EQ(r.cache_dir, "/tmp/shard-cache");
+    EXPECT_EQ(r.cache_bytes, uint64_t(77) << 20);
+    EXPECT_EQ(r.s3_endpoint, "http://127.0.0.1:7480");
+    EXPECT_EQ(r.s3_region, "eu-test-7");
+    const RemoteOptions l = LoaderOptions::from_config(config, 0, 1, "train").remote;
+    EXPECT_EQ(l.s3_endpoint, r.s3_endpoint);
+    EXPECT_EQ(l.s3_region, r.s3_region);
+    EXPECT_EQ(l.cache_bytes, r.cache_bytes);
 }
 
 TEST(S3Access, MissingCredentialsNameTheVariable) {

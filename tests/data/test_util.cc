@@ -65,8 +65,8 @@ std::string kjv_path() {
         fs::create_directories(p.parent_path());
         // A per-process temporary name: ctest runs tests of one binary in parallel.
         const std::string part = p.string() + "." + std::to_string(::getpid());
-        run_or_fail("bible gen1:1-rev22:21 > '" + part + "' && mv '" + part + "' '" +
-                    p.string() + "'");
+        run_or_fail("bible gen1:1-rev22:21 > '" + part + "' && mv '" + part + "' '" + p.string() +
+                    "'");
     }
     return p.string();
 }

@@ -8,8 +8,10 @@
 
 #include <random>
 
+#include "bpe_reference.h"
 #include "data/bpe_train.h"
 #include "data/tokenizer.h"
+#include "data/varied_text.h"
 #include "test_util.h"
 
 namespace apiary::data {
@@ -117,6 +119,53 @@ TEST(TokenizerPeers, Gpt2EqualsTiktokenOnRandomUnicode) {
                          "' '" + tmp.path("ids.u32") + "'");
     const Tokenizer tok = gpt2();
     expect_same_ids(tok, tok.encode(text, false), testing::read_u32(tmp.path("ids.u32")));
+}
+
+std::vector<uint32_t> tiktoken_ids(const TempDir& tmp, const std::string& text) {
+    testing::write_text(tmp.path("text.txt"), text);
+    testing::run_or_fail("node '" + testing::peers_dir() + "/tiktoken_encode.mjs' '" +
+                         tmp.path("text.txt") + "' '" + tmp.path("ids.u32") + "'");
+    return testing::read_u32(tmp.path("ids.u32"));
+}
+
+// Text whose words rarely repeat (invented words and names, identifiers up to
+// a few hundred bytes, nine other scripts): almost every pre-token goes
+// through the merge loop rather than the cache. Several seeds.
+TEST(TokenizerPeers, Gpt2EqualsTiktokenOnVariedText) {
+    TempDir tmp("tok_tiktoken_varied");
+    const Tokenizer tok = gpt2();
+    for (uint64_t seed : {1, 2, 3, 4}) {
+        SCOPED_TRACE("seed " + std::to_string(seed));
+        const std::string text = varied_text(seed, 400000);
+        expect_same_ids(tok, tok.encode(text, false, 1), tiktoken_ids(tmp, text));
+    }
+}
+
+// Encoders that merge in a wrong order disagree with tiktoken on this text,
+// so the test above would catch them.
+TEST(TokenizerPeers, VariedTextTellsWrongMergeOrdersFromTiktoken) {
+    TempDir tmp("tok_tiktoken_wrong");
+    const Tokenizer tok = gpt2();
+    const testing::ReferenceEncoder ref(tok);
+    const std::string text = varied_text(5, 200000);
+    const auto theirs = tiktoken_ids(tmp, text);
+    EXPECT_EQ(ref.encode(text), theirs);
+    EXPECT_NE(ref.encode(text, testing::MergeOrder::lowest_rank_rightmost), theirs);
+    EXPECT_NE(ref.encode(text, testing::MergeOrder::leftmost_mergeable), theirs);
+}
+
+TEST(TokenizerPeers, TrainedOnVariedTextEncodesTheSameInHuggingFaceJs) {
+    const std::string peers = testing::peers_dir();
+    TempDir tmp("tok_hfjs_varied");
+    BpeTrainer trainer({.vocab_size = 4096});
+    trainer.add_text(varied_text(6, 1 << 20));
+    const Tokenizer tok = trainer.train();
+    tok.save(tmp.path("tokenizer.json"));
+    const std::string text = varied_text(7, 400000);
+    testing::write_text(tmp.path("text.txt"), text);
+    testing::run_or_fail("node '" + peers + "/hf_encode.mjs' '" + tmp.path("tokenizer.json") +
+                         "' '" + tmp.path("text.txt") + "' '" + tmp.path("ids.u32") + "'");
+    expect_same_ids(tok, tok.encode(text, false, 1), testing::read_u32(tmp.path("ids.u32")));
 }
 
 TEST(TokenizerPeers, TrainedTokenizerJsonEncodesTheSameInHuggingFaceJs) {

@@ -3,13 +3,17 @@
 
 #include "data/tokenizer.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <random>
+#include <unordered_map>
 
+#include "bpe_reference.h"
 #include "core/error.h"
 #include "data/bpe_train.h"
 #include "data/pretokenize.h"
+#include "data/varied_text.h"
 #include "test_util.h"
 
 namespace apiary::data {
@@ -76,6 +80,129 @@ TEST(Tokenizer, ParallelEncodeEqualsSequential) {
                            "<|endoftext|>", "\xe4\xb8\xad ", "42 ",     "!!",     "a"};
     while (text.size() < (3u << 20)) text += words[rng() % 10];
     EXPECT_EQ(tok.encode(text, true, 4), tok.encode(text, true, 1));
+}
+
+// ---- text whose words rarely repeat (the encoder's uncached path) ----------
+
+TEST(VariedText, SameSeedGivesTheSameBytesOtherSeedsOthers) {
+    const std::string a = varied_text(5, 100000);
+    EXPECT_EQ(varied_text(5, 100000), a);
+    EXPECT_NE(varied_text(6, 100000), a);
+    EXPECT_GE(a.size(), 100000u);
+    EXPECT_LT(a.size(), 101000u);
+}
+
+TEST(VariedText, HasManyScriptsLongIdentifiersAndFewRepeatedWords) {
+    const std::string t = varied_text(1, 1 << 20);
+    // Valid UTF-8, and characters from Latin and nine other scripts.
+    const std::vector<std::pair<uint32_t, uint32_t>> scripts = {
+        {0x41, 0x7A},   {0x430, 0x44F}, {0x3B1, 0x3C9},   {0x628, 0x63A},   {0x5D0, 0x5EA},
+        {0x915, 0x939}, {0xE01, 0xE2E}, {0xAC00, 0xD7A3}, {0x4E00, 0x9FA5}, {0x30A1, 0x30FA}};
+    std::vector<size_t> seen(scripts.size());
+    for (size_t i = 0; i < t.size();) {
+        CharClass cls;
+        uint32_t cp = 0;
+        i += next_char(t, i, &cls, &cp);
+        ASSERT_NE(cp, 0xFFFFFFFFu) << "invalid UTF-8 at byte " << i;
+        for (size_t k = 0; k < scripts.size(); ++k)
+            seen[k] += cp >= scripts[k].first && cp <= scripts[k].second;
+    }
+    for (size_t k = 0; k < scripts.size(); ++k) EXPECT_GT(seen[k], 1000u) << "script " << k;
+    // Most word-like pre-tokens occur once; some are longer than 100 bytes
+    // (the encoder's heap path).
+    std::unordered_map<std::string_view, int> count;
+    size_t words = 0, longest = 0;
+    for_each_pretoken(t, [&](std::string_view p) {
+        if (p.size() < 6) return;
+        ++words;
+        ++count[p];
+        longest = std::max(longest, p.size());
+    });
+    size_t once = 0;
+    for (const auto& [p, n] : count) once += n == 1;
+    EXPECT_GT(double(once) / double(words), 0.6);
+    EXPECT_GT(longest, 100u);
+}
+
+// The fast encoder against the plain one, on several seeds: every pre-token
+// is new to the cache, long identifiers take the heap path.
+TEST(Tokenizer, Gpt2EncodesVariedTextLikeTheReference) {
+    const Tokenizer tok = gpt2();
+    const testing::ReferenceEncoder ref(tok);
+    for (uint64_t seed : {1, 2, 3}) {
+        const std::string text = varied_text(seed, 120000);
+        EXPECT_EQ(tok.encode(text, false, 1), ref.encode(text)) << "seed " << seed;
+    }
+}
+
+// Runs of one letter are where equal-rank pairs overlap ("aaa": which "aa"
+// merges first matters), at every length, through both merge paths (the
+// heap takes pieces longer than 64 bytes).
+TEST(Tokenizer, RepeatedLettersMergeLeftmostFirstAtEveryLength) {
+    const Tokenizer tok = gpt2();
+    const testing::ReferenceEncoder ref(tok);
+    for (const std::string_view unit : {"a", "e", "ab", "aab", "0", "=", " "}) {
+        for (size_t n = 1; n <= 200; ++n) {
+            std::string word = "x";
+            for (size_t k = 0; k < n; ++k) word += unit[k % unit.size()];
+            ASSERT_EQ(tok.encode(word, false, 1), ref.encode(word)) << "'" << unit << "' x " << n;
+        }
+    }
+}
+
+// The text must be able to catch an encoder that merges in the wrong order.
+TEST(Tokenizer, VariedTextCatchesAWrongMergeOrder) {
+    const Tokenizer tok = gpt2();
+    const testing::ReferenceEncoder ref(tok);
+    const std::string text = varied_text(4, 120000);
+    const auto right = ref.encode(text);
+    EXPECT_NE(ref.encode(text, testing::MergeOrder::lowest_rank_rightmost), right);
+    EXPECT_NE(ref.encode(text, testing::MergeOrder::leftmost_mergeable), right);
+}
+
+// Merged ids that do not follow the merge order (a vocabulary renumbered):
+// the encoder then reads each merge's result instead of computing it.
+TEST(Tokenizer, RenumberedVocabularyEncodesLikeTheReference) {
+    BpeTrainer trainer({.vocab_size = 1000, .specials = {"<|endoftext|>"}});
+    trainer.add_text(varied_text(7, 150000));
+    const Tokenizer trained = trainer.train();
+    // Reverse the ids of the merged tokens (256 .. vocab - 2; the special stays last).
+    const uint32_t first = 256, last = uint32_t(trained.vocab_size()) - 2;
+    auto renumber = [&](uint32_t id) { return id >= first && id <= last ? first + last - id : id; };
+    std::vector<std::string> vocab(trained.vocab_size());
+    for (uint32_t id = 0; id < vocab.size(); ++id) vocab[renumber(id)] = trained.token_bytes(id);
+    std::vector<Merge> merges;
+    for (const auto& m : trained.merges())
+        merges.push_back({renumber(m.left), renumber(m.right), renumber(m.result)});
+    const Tokenizer tok(vocab, merges, trained.specials());
+    const std::string text = varied_text(8, 120000);
+    const auto ids = tok.encode(text, false, 1);
+    EXPECT_EQ(ids, testing::reference_encode(tok, text));
+    EXPECT_EQ(tok.decode(ids), text);
+    auto back = trained.encode(text, false, 1);
+    for (auto& id : back) id = renumber(id);
+    EXPECT_EQ(ids, back);
+}
+
+TEST(Tokenizer, VocabularyPastTheEncodersLimitIsRefused) {
+    std::vector<std::string> vocab;
+    for (int b = 0; b < 256; ++b) vocab.emplace_back(1, char(b));
+    while (vocab.size() < (size_t(1) << 21)) vocab.push_back(fmt::format("t{}", vocab.size()));
+    try {
+        Tokenizer tok(vocab, {}, {});
+        FAIL() << "a vocabulary of 2^21 ids was accepted";
+    } catch (const DataError& e) {
+        EXPECT_NE(std::string(e.what()).find("2097152 ids; apiary's BPE encoder supports "
+                                             "vocabularies of up to 2097151 ids"),
+                  std::string::npos)
+            << e.what();
+    }
+}
+
+TEST(Tokenizer, ParallelEncodeOfVariedTextEqualsSequential) {
+    const Tokenizer tok = gpt2();
+    const std::string text = varied_text(9, 3 << 20);
+    EXPECT_EQ(tok.encode(text, false, 4), tok.encode(text, false, 1));
 }
 
 TEST(BpeTrain, ReproducesHandCheckedMerges) {

@@ -126,6 +126,7 @@ Trace finish(std::vector<std::pair<Record, std::string>> rows, const std::string
         t.notes.push_back(fmt::format(
             "{} earlier record(s) of requeued jobs replaced by their last record", superseded));
     }
+    t.device_unit = gpus ? "gpus" : "cpus";
     t.notes.push_back(fmt::format("devices are Slurm {} per job", gpus ? "GPUs" : "CPUs"));
     double origin = kNever;
     for (const auto& j : t.jobs) origin = std::min(origin, j.submit);

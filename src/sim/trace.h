@@ -45,6 +45,7 @@ struct Trace {
     std::vector<JobSpec> jobs;
     std::vector<std::string> notes;  // rows skipped on purpose, and why
     double origin_epoch = 0;         // Slurm records: the Unix time of t = 0
+    std::string device_unit;         // Slurm records: "cpus" or "gpus" per job
 };
 
 enum class TraceFormat { automatic, csv, json, sacct, jobcomp };

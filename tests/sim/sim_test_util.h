@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/error.h"
 #include "plan/planner.h"
 #include "sim/cluster_sim.h"
 

@@ -1,0 +1,39 @@
+#pragma once
+// A flow-level discrete-event simulation of collectives on a fabric. Each
+// job is a sequence of steps; a step waits its latency (alpha), then sends
+// all its transfers at once, and ends when the last one arrives. Flows that
+// share a link share its bandwidth max-min fairly (progressive filling,
+// Bertsekas & Gallager, Data Networks, 6.5.2), recomputed whenever a flow
+// starts or ends. Time advances from event to event.
+
+#include <string>
+#include <vector>
+
+#include "sim/fabric.h"
+
+namespace apiary::sim {
+
+struct Transfer {
+    long long src = 0, dst = 0;
+    double bytes = 0;
+};
+
+struct Step {
+    double latency = 0;  // before the transfers start (alpha, or alpha x depth for a tree)
+    std::vector<Transfer> transfers;
+};
+
+struct FlowStats {
+    std::vector<double> finish_s;  // per job: when its last step ended
+    long long events = 0;          // rate recomputations
+    long long flows = 0;
+    // The busiest link: the largest fraction of its capacity in use, time-averaged
+    // over the run, and its name.
+    double hottest_link_util = 0;
+    std::string hottest_link;
+};
+
+// Runs every job's steps from time 0, all jobs at once on one fabric.
+FlowStats simulate_flows(const Fabric& fabric, const std::vector<std::vector<Step>>& jobs);
+
+}  // namespace apiary::sim

@@ -28,8 +28,9 @@ struct Options {
     std::string trace, trace_format = "auto", slurm_conf, slurm_devices = "auto";
     std::string policies;
     std::string spot_profile, carbon_profile, shares;
+    std::string latency = "auto";
     bool failures = false, json = false;
-    double repair_h = 4, release_s = 0, half_life_days = 7, horizon_days = 0;
+    double repair_h = 4, half_life_days = 7, horizon_days = 0;
     double ckpt_interval_s = 3600;
     int queue_depth = 0;
     uint64_t seed = 1;
@@ -107,7 +108,10 @@ sim::SimConfig sim_config(const Options& o, const plan::Cluster& pc, const sim::
     if (!o.spot_profile.empty()) read_spot(o.spot_profile, c);
     c.idle_kw_per_device = model.device_kw(0);
     c.restart_s = pc.restart_s;
-    c.release_s = o.release_s;
+    if (o.latency != "auto" && (!sim::parse_double(o.latency, &c.latency_s) || c.latency_s < 0)) {
+        throw ConfigError(fmt::format(
+            "--latency-s: '{}' is not seconds >= 0 or 'auto' (from a Slurm record)", o.latency));
+    }
     c.mtbf_node_s = o.failures ? pc.mtbf_node_hours * 3600 : 0;
     c.repair_s = o.repair_h * 3600;
     c.queue_depth = o.queue_depth > 0 ? o.queue_depth
@@ -135,6 +139,7 @@ void print_text(const Options& o, const sim::Trace& trace, const std::vector<sim
                trace.jobs.size(), c.nodes, c.per_node, pc.dev.name, c.devices());
     if (c.spot_nodes_max > 0) fmt::print(" + spot up to {} nodes", c.spot_nodes_max);
     fmt::print("\n");
+    if (c.latency_s > 0) fmt::print("scheduler latency: {:.3g} s\n", c.latency_s);
     for (const auto& n : trace.notes) fmt::print("note: {}\n", n);
     size_t rejected = 0;
     for (const auto& j : jobs) {
@@ -178,7 +183,8 @@ void run(const Options& o) {
     for (const auto& name : policy_list(o, slurm, replay)) policies.push_back(sim::parse_policy(name));
     const plan::Cluster pc = plan::cluster_from(cfg, cfg.get_int("cluster.gpus"));
     sim::JobModel model(cfg, pc, o.ckpt_interval_s);
-    const sim::SimConfig c = sim_config(o, pc, model, slurm);
+    sim::SimConfig c = sim_config(o, pc, model, slurm);
+    if (o.latency == "auto") c.latency_s = sim::record_latency_s(trace);
     const std::vector<sim::SimJob> jobs = sim::prepare_jobs(trace, model, c);
     std::vector<sim::SimResult> results;
     std::vector<sim::Summary> sums;
@@ -207,9 +213,12 @@ void run(const Options& o) {
     if (o.json) {
         nlohmann::json j;
         j["trace"] = {{"file", o.trace}, {"jobs", trace.jobs.size()}, {"notes", trace.notes}};
-        j["cluster"] = {{"device", pc.dev.name},       {"nodes", c.nodes},
-                        {"devices_per_node", c.per_node}, {"devices", c.devices()},
-                        {"spot_nodes_max", c.spot_nodes_max}};
+        j["cluster"] = {{"device", pc.dev.name},
+                        {"nodes", c.nodes},
+                        {"devices_per_node", c.per_node},
+                        {"devices", c.devices()},
+                        {"spot_nodes_max", c.spot_nodes_max},
+                        {"latency_s", c.latency_s}};
         j["rejected"] = nlohmann::json::array();
         for (const auto& x : jobs) {
             if (!x.reject.empty()) {
@@ -252,9 +261,9 @@ void add_sim_cluster(CLI::App* sim) {
     cmd->add_flag("--failures", o.failures, "nodes fail at cluster.mtbf_node_hours");
     cmd->add_option("--repair-hours", o.repair_h, "a failed node is back after this")
         ->check(CLI::Range(0.0, 1e6));
-    cmd->add_option("--release-s", o.release_s,
-                    "devices are free this long after a job ends (Slurm's completing phase)")
-        ->check(CLI::Range(0.0, 1e6));
+    cmd->add_option("--latency-s", o.latency,
+                    "the scheduler starts a job this long after it arrives or after the end "
+                    "that frees its devices; auto: measured from a Slurm record, else 0");
     cmd->add_option("--queue-depth", o.queue_depth,
                     "queued jobs looked at per pass (default 1000, or bf_max_job_test)")
         ->check(CLI::Range(1, 100000000));

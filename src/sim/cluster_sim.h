@@ -56,7 +56,11 @@ struct SimConfig {
     Profile carbon;                   // gCO2e per kWh over time
     double idle_kw_per_device = 0;    // an idle device at the wall
     double restart_s = 0;             // after an interruption, before work resumes
-    double release_s = 0;             // devices return this long after a job ends
+    // The scheduler reacts this long after a job arrives or ends: a job is
+    // first considered `latency_s` after its submission, and devices come back
+    // `latency_s` after a run ends (Slurm's controller ticks and job epilogs:
+    // about 1 s).
+    double latency_s = 0;
     double mtbf_node_s = 0;           // 0: nodes never fail
     double repair_s = 4 * 3600;       // a failed node is back after this
     int queue_depth = 1000;           // queued jobs looked at per scheduling pass

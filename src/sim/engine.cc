@@ -61,7 +61,7 @@ Engine::Engine(const std::vector<SimJob>& jobs, const SimConfig& cfg, const Poli
             continue;
         }
         ++remaining_;
-        push(jobs[j].spec.submit, EventKind::arrive, int(j));
+        push(jobs[j].spec.submit + cfg.latency_s, EventKind::arrive, int(j));
     }
     if (cfg.mtbf_node_s > 0) {
         for (int n = 0; n < total_nodes; ++n) push(next_failure(n), EventKind::fail, n);
@@ -175,7 +175,7 @@ void Engine::start(int j, std::vector<int32_t>&& slots) {
     r.seg_end = now_ + dur;
     push(r.seg_end, EventKind::end, j, r.epoch);
     if (o.start < 0) o.start = now_;
-    r.until = running_[r.pool].emplace(estimate(j) + cfg_.release_s, j);
+    r.until = running_[r.pool].emplace(estimate(j) + cfg_.latency_s, j);
     const int per_node = cfg_.per_node;
     int prev = -1;
     for (int32_t s : r.slots) {  // an allocation holds each node's slots together
@@ -227,11 +227,11 @@ void Engine::finish(int j) {
     o.state = r.seg_timeout ? JobState::timeout : JobState::completed;
     --remaining_;
     settle(jobs_[j].spec.account, -double(jobs_[j].spec.devices));
-    if (cfg_.release_s > 0) {  // Slurm's completing phase: the devices are not free yet
+    if (cfg_.latency_s > 0) {  // e.g. Slurm's epilog and next tick: not free yet
         r.state = RunState::releasing;
         running_[r.pool].erase(r.until);
-        r.until = running_[r.pool].emplace(now_ + cfg_.release_s, j);
-        push(now_ + cfg_.release_s, EventKind::release, j, r.epoch);
+        r.until = running_[r.pool].emplace(now_ + cfg_.latency_s, j);
+        push(now_ + cfg_.latency_s, EventKind::release, j, r.epoch);
     } else {
         free_devices(j);
         r.state = RunState::done;

@@ -123,7 +123,8 @@ std::string summary_table(const std::vector<Summary>& rows) {
 void write_jobs_csv(const std::vector<SimJob>& jobs, const std::vector<SimResult>& results,
                     std::ostream& out) {
     out << "id,policy,state,submit,eligible,start,end,wait_s,run_s,restarts,preemptions,"
-           "failures,device_hours,lost_device_hours,cost_usd,energy_kwh,co2_kg,reason\n";
+           "failures,device_hours,lost_device_hours,cost_usd,energy_kwh,co2_kg,recorded_start,"
+           "recorded_end,reason\n";
     for (const auto& r : results) {
         for (size_t j = 0; j < jobs.size(); ++j) {
             const auto& o = r.jobs[j];
@@ -131,14 +132,16 @@ void write_jobs_csv(const std::vector<SimJob>& jobs, const std::vector<SimResult
             const bool ran = o.start >= 0;
             std::string reason = jobs[j].reject;
             std::replace(reason.begin(), reason.end(), '"', '\'');
+            auto opt = [](double v) { return v >= 0 ? fmt::format("{}", v) : std::string(); };
             out << fmt::format(
-                "{},{},{},{},{},{},{},{},{},{},{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},\"{}\"\n",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{},{},"
+                "\"{}\"\n",
                 s.id, r.policy, job_state_name(o.state), s.submit, o.eligible,
                 ran ? fmt::format("{}", o.start) : "", o.end >= 0 ? fmt::format("{}", o.end) : "",
                 ran ? fmt::format("{}", o.start - s.submit) : "",
                 ran && o.end >= 0 ? fmt::format("{}", o.end - o.start) : "", o.restarts,
                 o.preemptions, o.failures, o.device_s / 3600, o.lost_device_s / 3600, o.cost_usd,
-                o.energy_kwh, o.co2_g / 1000, reason);
+                o.energy_kwh, o.co2_g / 1000, opt(s.recorded_start), opt(s.recorded_end), reason);
         }
     }
 }

@@ -36,7 +36,8 @@ std::string summary_table(const std::vector<Summary>& s);
 
 // One row per job and policy: id, policy, state, submit, eligible, start,
 // end, wait, run, restarts, preemptions, failures, device-hours, lost
-// device-hours, cost, energy, CO2 and the rejection reason.
+// device-hours, cost, energy, CO2, the recorded start and end (Slurm
+// records) and the rejection reason.
 void write_jobs_csv(const std::vector<SimJob>& jobs, const std::vector<SimResult>& results,
                     std::ostream& out);
 nlohmann::json jobs_json(const std::vector<SimJob>& jobs, const SimResult& r);

@@ -210,7 +210,7 @@ bool Engine::pass() {
             if (policy_.backfill && free >= need) {
                 // EASY: it may go now if it is back before the reservation, or
                 // fits in what the reserved job leaves spare.
-                if (now_ + planned_run(j) + cfg_.release_s <= s.shadow) {
+                if (now_ + planned_run(j) + cfg_.latency_s <= s.shadow) {
                     try_start(j);
                 } else if (need <= s.extra) {
                     try_start(j);

@@ -66,11 +66,15 @@ JobSpec job_of(const Record& r, const std::string& where, bool gpus) {
     j.id = get(r, "JobID");
     j.state = get(r, "State");
     if (const auto& a = get(r, "Account"); !a.empty()) j.account = a;
-    if (missing_time(get(r, "Submit"))) {
+    // A job arrives when it could first start: Eligible (later than Submit
+    // for held or --begin jobs). `sacct --completion` prints each job's
+    // start as its Submit but keeps the real Eligible.
+    const char* arrive = missing_time(get(r, "Eligible")) ? "Submit" : "Eligible";
+    if (missing_time(get(r, arrive))) {
         throw DataError(fmt::format("{}: job '{}': field 'Submit' is missing (got '{}')", where,
                                     j.id, get(r, "Submit")));
     }
-    j.submit = parse_slurm_time(get(r, "Submit"), where + ": field 'Submit'");
+    j.submit = parse_slurm_time(get(r, arrive), where + ": field '" + arrive + "'");
     j.devices = gpus ? std::max(tres_gpus(get(r, "AllocTRES")), tres_gpus(get(r, "ReqTRES")))
                      : cpus_of(r);
     if (const auto& tl = get(r, "Timelimit"); !tl.empty()) {
@@ -132,12 +136,26 @@ Trace finish(std::vector<std::pair<Record, std::string>> rows, const std::string
     for (const auto& j : t.jobs) origin = std::min(origin, j.submit);
     if (t.jobs.empty()) origin = 0;
     t.origin_epoch = origin;
+    size_t no_wait = 0;
     for (auto& j : t.jobs) {
         j.submit -= origin;
         if (j.recorded_start >= 0) j.recorded_start -= origin, j.recorded_end -= origin;
+        no_wait += j.recorded_start == j.submit;
     }
-    std::stable_sort(t.jobs.begin(), t.jobs.end(),
-                     [](const JobSpec& a, const JobSpec& b) { return a.submit < b.submit; });
+    if (t.jobs.size() > 1 && no_wait == t.jobs.size()) {
+        t.notes.push_back(
+            "every job started the second it arrived: the record shows no waiting (`sacct "
+            "--completion` prints the start as Submit; add Eligible to --format)");
+    }
+    // Slurm's FIFO order (priority/basic): arrival, then job id; the log
+    // itself is in completion order.
+    auto id_key = [](const std::string& id) {
+        return std::make_pair(std::atoll(id.c_str()), id);  // 123, 123_4, 123+1
+    };
+    std::stable_sort(t.jobs.begin(), t.jobs.end(), [&](const JobSpec& a, const JobSpec& b) {
+        if (a.submit != b.submit) return a.submit < b.submit;
+        return id_key(a.id) < id_key(b.id);
+    });
     return t;
 }
 
@@ -233,8 +251,8 @@ Trace parse_sacct(const std::string& text, const std::string& source, SlurmDevic
             for (const char* need : {"JobID", "Submit", "Start", "End"}) {
                 if (std::find(header.begin(), header.end(), need) == header.end()) {
                     throw DataError(fmt::format(
-                        "{}: sacct header lacks '{}': run sacct --parsable2 "
-                        "--format=JobID,Submit,Start,End,Timelimit,NCPUS,AllocTRES,State,Account",
+                        "{}: sacct header lacks '{}': run sacct --parsable2 --format=JobID,"
+                        "Submit,Eligible,Start,End,Timelimit,NCPUS,AllocTRES,State,Account",
                         where, need));
                 }
             }

@@ -317,6 +317,25 @@ Trace read_trace(const std::string& path, TraceFormat format, SlurmDevices devic
     return parse_trace(read_text_file(path, "trace"), path, format, devices);
 }
 
+double record_latency_s(const Trace& trace) {
+    std::vector<double> events, waves;
+    for (const auto& j : trace.jobs) {
+        events.push_back(j.submit);
+        if (j.recorded_start < 0) continue;
+        events.push_back(j.recorded_end);
+        waves.push_back(j.recorded_start);
+    }
+    std::sort(events.begin(), events.end());
+    std::sort(waves.begin(), waves.end());
+    waves.erase(std::unique(waves.begin(), waves.end()), waves.end());
+    double sum = 0;
+    for (double w : waves) {
+        const auto it = std::upper_bound(events.begin(), events.end(), w);
+        sum += it == events.begin() ? 0 : w - *(it - 1);
+    }
+    return waves.empty() ? 0 : sum / double(waves.size());
+}
+
 void write_trace_csv(const Trace& trace, std::ostream& out) {
     out << "id,submit,devices,runtime,time_limit,priority,account,spot,flexible,deadline\n";
     for (const auto& j : trace.jobs) {

@@ -71,6 +71,11 @@ struct TraceField {
 };
 const std::vector<TraceField>& trace_fields();
 
+// A recorded scheduler's reaction time, from its own record: the mean gap
+// between each second in which it started jobs and the latest arrival or
+// end at or before it (what let them start). 0 without recorded starts.
+double record_latency_s(const Trace& trace);
+
 // Writes apiary's CSV format with the scheduling fields (id, submit, devices,
 // runtime, time_limit, priority, account, spot, flexible, deadline).
 void write_trace_csv(const Trace& trace, std::ostream& out);

@@ -185,13 +185,17 @@ TEST(SimScheduler, TimeLimitEndsARun) {
     EXPECT_DOUBLE_EQ(r.jobs[1].start, 300);
 }
 
-TEST(SimScheduler, ReleaseDelayHoldsDevicesAfterAnEnd) {
+// The scheduler's latency delays a job's first chance to start, and the
+// reuse of the devices a run held.
+TEST(SimScheduler, LatencyDelaysArrivalsAndReleases) {
     std::vector<SimJob> jobs = {test::job("first", 0, 2, 5), test::job("second", 0, 2, 5)};
     SimConfig cfg = test::cluster(1, 2);
-    cfg.release_s = 1;
+    cfg.latency_s = 1;
     const SimResult r = simulate(jobs, cfg, parse_policy("fifo"));
-    EXPECT_DOUBLE_EQ(r.jobs[0].end, 5);
-    EXPECT_DOUBLE_EQ(r.jobs[1].start, 6);
+    EXPECT_DOUBLE_EQ(r.jobs[0].start, 1);
+    EXPECT_DOUBLE_EQ(r.jobs[0].end, 6);
+    EXPECT_DOUBLE_EQ(r.jobs[1].start, 7);
+    EXPECT_DOUBLE_EQ(r.jobs[1].start - jobs[1].spec.submit, 7);  // the wait counts it
 }
 
 TEST(SimScheduler, PolicyNamesAreChecked) {

@@ -34,7 +34,7 @@ struct Options {
     double ckpt_interval_s = 3600;
     int queue_depth = 0;
     uint64_t seed = 1;
-    std::string jobs_out, svg;
+    std::string jobs_out, series_out, svg;
 };
 
 std::map<std::string, double> parse_shares(const std::string& text) {
@@ -120,7 +120,7 @@ sim::SimConfig sim_config(const Options& o, const plan::Cluster& pc, const sim::
     c.fairshare_half_life_s = o.half_life_days * 86400;
     c.shares = parse_shares(o.shares);
     c.seed = o.seed;
-    c.record = !o.svg.empty();
+    c.record = !o.svg.empty() || !o.series_out.empty();
     if (o.horizon_days > 0) c.horizon_s = o.horizon_days * 86400;
     return c;
 }
@@ -205,6 +205,11 @@ void run(const Options& o) {
         }
         write_file_atomically(o.jobs_out, s.str(), "--jobs-out");
     }
+    if (!o.series_out.empty()) {
+        std::ostringstream s;
+        sim::write_series_csv(results, s);
+        write_file_atomically(o.series_out, s.str(), "--series-out");
+    }
     if (!o.svg.empty()) {
         const std::string title = fmt::format("{}: {} jobs on {} x {}", o.trace, jobs.size(),
                                               c.devices(), pc.dev.name);
@@ -278,6 +283,8 @@ void add_sim_cluster(CLI::App* sim) {
         ->check(CLI::Range(0.0, 1e6));
     cmd->add_option("--seed", o.seed, "seed of the failure times");
     cmd->add_option("--jobs-out", o.jobs_out, "per-job results: .csv or .json");
+    cmd->add_option("--series-out", o.series_out,
+                    "CSV of the cluster over time: busy and available devices, queued jobs");
     cmd->add_option("--svg", o.svg, "picture: .svg, or .png through rsvg-convert");
     cmd->add_flag("--json", o.json, "print one JSON object");
     cmd->callback([] { run(o); });

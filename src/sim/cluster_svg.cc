@@ -68,6 +68,55 @@ void gantt(Svg& s, const SimResult& r, const SimConfig& cfg, const TimeAxis& ax,
            fmt::format("transform=\"rotate(-90 18 {:.1f})\"", y0 + kGanttH / 2));
 }
 
+// Too many runs or devices for a Gantt chart: a heat map of the fraction of
+// each group of nodes' devices that is busy, per column of time.
+void heatmap(Svg& s, const SimResult& r, const SimConfig& cfg, const TimeAxis& ax, double y0) {
+    const int nodes = cfg.nodes + cfg.spot_nodes_max;
+    const int rows = std::min(nodes, 64), cols = 240;
+    const int per_row = (nodes + rows - 1) / rows;
+    const double colw = ax.span / cols;
+    std::vector<double> busy(size_t(rows) * cols, 0);
+    std::vector<int> count(size_t(rows), 0);
+    for (const auto& seg : r.segments) {
+        std::vector<int> touched;
+        for (uint32_t i = 0; i < seg.slot_count; ++i) {
+            const int row = r.slots[seg.slot_begin + i] / cfg.per_node / per_row;
+            if (count[size_t(row)]++ == 0) touched.push_back(row);
+        }
+        const int c0 = std::min(cols - 1, int(seg.start / colw));
+        const int c1 = std::min(cols - 1, int(seg.end / colw));
+        for (int row : touched) {
+            for (int c = c0; c <= c1; ++c) {
+                const double o = std::min(seg.end, (c + 1) * colw) - std::max(seg.start, c * colw);
+                if (o > 0) busy[size_t(row) * cols + size_t(c)] += count[size_t(row)] * o;
+            }
+            count[size_t(row)] = 0;
+        }
+    }
+    const double rh = kGanttH / rows, cw = kPlotW / cols;
+    const double cap = double(per_row) * cfg.per_node * colw;
+    s.rect(kLeft, y0, kPlotW, kGanttH, "#f7f7f7");
+    for (int row = 0; row < rows; ++row) {
+        for (int c = 0; c < cols;) {  // merge runs of one shade into one rectangle
+            const int level = int(std::round(5 * busy[size_t(row) * cols + size_t(c)] / cap));
+            int e = c + 1;
+            while (e < cols &&
+                   int(std::round(5 * busy[size_t(row) * cols + size_t(e)] / cap)) == level) {
+                ++e;
+            }
+            if (level > 0) {
+                s.rect(kLeft + cw * c, y0 + rh * row, cw * (e - c), rh,
+                       fmt::format("hsl(215,70%,{}%)", 90 - 11 * std::min(level, 5)));
+            }
+            c = e;
+        }
+    }
+    s.text(kLeft + kPlotW + 4, y0 + 12, fmt::format("{} nodes", per_row), 10);
+    s.text(kLeft + kPlotW + 4, y0 + 24, "per row", 10);
+    s.text(18, y0 + kGanttH / 2, "nodes (busy share)", 12, "middle",
+           fmt::format("transform=\"rotate(-90 18 {:.1f})\"", y0 + kGanttH / 2));
+}
+
 // Utilisation (busy / available, time-weighted per pixel column) and the
 // longest queue in each column.
 void utilisation(Svg& s, const SimResult& r, const TimeAxis& ax, double y0) {
@@ -109,12 +158,18 @@ void utilisation(Svg& s, const SimResult& r, const TimeAxis& ax, double y0) {
            "fill=\"#ff7f0e\"");
 }
 
-// One bar chart per metric, one bar per policy.
+// The unit for a set of durations: that of their median, so most bars
+// read as short numbers.
+std::pair<std::string, double> wait_unit(const std::vector<Summary>& sum) {
+    std::vector<double> w;
+    for (const auto& x : sum) w.push_back(std::max(1.0, x.mean_wait_s));
+    return time_unit(percentile(w, 0.5));
+}
+
+// One bar chart per metric, one bar per policy; a metric whose values span
+// more than 30x is drawn on a log scale (marked), so no bar vanishes.
 void comparison(Svg& s, const std::vector<Summary>& sum, double y0) {
-    const auto [wunit, wdiv] = time_unit(std::max(
-        1.0, std::max_element(sum.begin(), sum.end(), [](const Summary& a, const Summary& b) {
-                 return a.p95_wait_s < b.p95_wait_s;
-             })->p95_wait_s));
+    const auto [wunit, wdiv] = wait_unit(sum);
     struct Metric {
         std::string name;
         double (*get)(const Summary&);
@@ -134,20 +189,35 @@ void comparison(Svg& s, const std::vector<Summary>& sum, double y0) {
         s.text(lx + 14, y0, sum[p].policy, 11);
         lx += 24 + 7.0 * double(sum[p].policy.size());
     }
-    const double cw = kPlotW / double(m.size()), ch = 150, top = y0 + 40;
+    const double cw = kPlotW / double(m.size()), ch = 150, top = y0 + 56;
     for (size_t k = 0; k < m.size(); ++k) {
         const double x0 = kLeft + cw * double(k) + 10, w = cw - 30;
-        double hi = 0;
-        for (const auto& x : sum) hi = std::max(hi, m[k].get(x) * m[k].scale);
+        double hi = 0, lo = 1e300;
+        for (const auto& x : sum) {
+            const double v = m[k].get(x) * m[k].scale;
+            hi = std::max(hi, v);
+            if (v > 0) lo = std::min(lo, v);
+        }
         if (hi <= 0) hi = 1;
-        s.text(x0 + w / 2, top - 12, m[k].name, 12, "middle");
+        const bool log = lo < 1e300 && hi / lo > 30;
+        const double floor = log ? lo / 3 : 0;
+        // The tallest bar takes 80% of the height: room for its label.
+        auto height = [&](double v) {
+            if (!log) return 0.8 * ch * v / hi;
+            return v <= floor ? 0.0 : 0.8 * ch * std::log(v / floor) / std::log(hi / floor);
+        };
+        s.text(x0 + w / 2, top - 12, m[k].name + (log ? ", log scale" : ""), 12, "middle");
         s.line(x0, top + ch, x0 + w, top + ch, "#555");
         const double bw = w / double(sum.size());
         for (size_t p = 0; p < sum.size(); ++p) {
             const double v = m[k].get(sum[p]) * m[k].scale;
-            const double h = ch * v / hi;
+            const double h = height(v);
             s.rect(x0 + bw * double(p) + 2, top + ch - h, bw - 4, h, series_color(int(p)));
-            s.text(x0 + bw * (double(p) + 0.5), top + ch - h - 3, short_number(v), 10, "middle");
+            const double lx2 = x0 + bw * (double(p) + 0.5), ly = top + ch - h - 3;
+            // Narrow bars get their value written upwards, so neighbours do not collide.
+            s.text(lx2, ly, short_number(v), 10, bw < 44 ? "start" : "middle",
+                   bw < 44 ? fmt::format("transform=\"rotate(-90 {:.1f} {:.1f})\"", lx2 + 3, ly)
+                           : "");
         }
     }
 }
@@ -158,8 +228,17 @@ std::string cluster_svg(const std::vector<SimResult>& results,
                         const std::vector<Summary>& summaries, const SimConfig& cfg,
                         const std::string& title) {
     const double block = 28 + kGanttH + 10 + kUtilH + 40;
-    Svg s(kW, 40 + block * double(results.size()) + 240);
+    Svg s(kW, 40 + block * double(results.size()) + 290);
     s.text(kLeft, 26, title, 16, "start", "font-weight=\"bold\"");
+    size_t most_runs = 0;
+    for (const auto& r : results) most_runs = std::max(most_runs, r.segments.size());
+    const long long devices = (long long)(cfg.nodes + cfg.spot_nodes_max) * cfg.per_node;
+    const bool gantt_fits = most_runs <= kMaxGanttRects && devices <= kMaxGanttDevices;
+    s.text(kW - kRight, 26,
+           gantt_fits ? "one colour per job; red edge: a run cut by a failure, preemption or "
+                        "reclaim"
+                      : "heat map: share of each row's devices busy (darker: busier)",
+           11, "end", "fill=\"#555\"");
     double span = 1;
     for (const auto& r : results) {
         span = std::max(span, r.makespan);
@@ -172,25 +251,19 @@ std::string cluster_svg(const std::vector<SimResult>& results,
         const auto& sm = summaries[i];
         s.text(kLeft, y + 18,
                fmt::format("{}: mean wait {}, p95 {}, utilisation {:.1f}%, {} restarts",
-                           r.policy, fmt::format("{:.3g} h", sm.mean_wait_s / 3600),
-                           fmt::format("{:.3g} h", sm.p95_wait_s / 3600), 100 * sm.utilisation,
-                           sm.restarts),
+                           r.policy, format_duration(sm.mean_wait_s),
+                           format_duration(sm.p95_wait_s), 100 * sm.utilisation, sm.restarts),
                14, "start", fmt::format("fill=\"{}\" font-weight=\"bold\"", series_color(int(i))));
-        if (r.segments.size() <= kMaxGanttRects && cfg.devices() <= 4096) {
+        if (gantt_fits) {
             gantt(s, r, cfg, ax, y + 28);
         } else {
-            s.rect(kLeft, y + 28, kPlotW, kGanttH, "#f3f3f3");
-            s.text(kLeft + kPlotW / 2, y + 28 + kGanttH / 2,
-                   fmt::format("Gantt chart left out: {} runs on {} devices (draw a shorter "
-                               "trace or fewer devices)",
-                               r.segments.size(), cfg.devices()),
-                   13, "middle");
+            heatmap(s, r, cfg, ax, y + 28);
         }
         utilisation(s, r, ax, y + 28 + kGanttH + 10);
         time_ticks(s, ax, y + 28 + kGanttH + 10 + kUtilH);
         y += block;
     }
-    comparison(s, summaries, y + 20);
+    comparison(s, summaries, y + 40);
     return s.str();
 }
 

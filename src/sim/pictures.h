@@ -13,8 +13,10 @@
 
 namespace apiary::sim {
 
-// Gantt charts are drawn for at most this many runs (and 4,096 devices).
-inline constexpr size_t kMaxGanttRects = 40000;
+// Gantt charts are drawn for at most this many runs and devices; beyond,
+// a heat map of busy devices per group of nodes.
+inline constexpr size_t kMaxGanttRects = 20000;
+inline constexpr long long kMaxGanttDevices = 1024;
 
 std::string cluster_svg(const std::vector<SimResult>& results,
                         const std::vector<Summary>& summaries, const SimConfig& cfg,

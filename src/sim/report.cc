@@ -92,15 +92,12 @@ nlohmann::json to_json(const Summary& s) {
             {"events_per_s", s.wall_s > 0 ? double(s.events) / s.wall_s : 0}};
 }
 
-namespace {
-// Seconds as the most readable unit.
-std::string dur(double s) {
+std::string format_duration(double s) {
     if (s < 120) return fmt::format("{:.0f}s", s);
     if (s < 7200) return fmt::format("{:.1f}m", s / 60);
     if (s < 172800) return fmt::format("{:.1f}h", s / 3600);
     return fmt::format("{:.1f}d", s / 86400);
 }
-}  // namespace
 
 std::string summary_table(const std::vector<Summary>& rows) {
     std::string out = fmt::format(
@@ -112,8 +109,8 @@ std::string summary_table(const std::vector<Summary>& rows) {
         out += fmt::format(
             "{:<24} {:>7} {:>7} {:>5} {:>8} {:>8} {:>8} {:>5.1f}% {:>11.4g} {:>10.4g} {:>8} "
             "{:>12.4g} {:>10.4g} {:>10.4g}\n",
-            s.policy, s.jobs, s.completed + s.timeouts, s.rejected, dur(s.mean_wait_s),
-            dur(s.p95_wait_s), dur(s.mean_completion_s), 100 * s.utilisation, s.device_hours,
+            s.policy, s.jobs, s.completed + s.timeouts, s.rejected, format_duration(s.mean_wait_s),
+            format_duration(s.p95_wait_s), format_duration(s.mean_completion_s), 100 * s.utilisation, s.device_hours,
             s.lost_device_hours, s.restarts, s.cost_usd, s.energy_kwh + s.idle_energy_kwh,
             s.co2_kg);
     }
@@ -122,9 +119,9 @@ std::string summary_table(const std::vector<Summary>& rows) {
 
 void write_jobs_csv(const std::vector<SimJob>& jobs, const std::vector<SimResult>& results,
                     std::ostream& out) {
-    out << "id,policy,state,submit,eligible,start,end,wait_s,run_s,restarts,preemptions,"
-           "failures,device_hours,lost_device_hours,cost_usd,energy_kwh,co2_kg,recorded_start,"
-           "recorded_end,reason\n";
+    out << "id,policy,state,submit,eligible,start,end,wait_s,run_s,completion_s,restarts,"
+           "preemptions,failures,device_hours,lost_device_hours,cost_usd,energy_kwh,co2_kg,"
+           "recorded_start,recorded_end,reason\n";
     for (const auto& r : results) {
         for (size_t j = 0; j < jobs.size(); ++j) {
             const auto& o = r.jobs[j];
@@ -134,14 +131,24 @@ void write_jobs_csv(const std::vector<SimJob>& jobs, const std::vector<SimResult
             std::replace(reason.begin(), reason.end(), '"', '\'');
             auto opt = [](double v) { return v >= 0 ? fmt::format("{}", v) : std::string(); };
             out << fmt::format(
-                "{},{},{},{},{},{},{},{},{},{},{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{},{},"
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{},{},"
                 "\"{}\"\n",
                 s.id, r.policy, job_state_name(o.state), s.submit, o.eligible,
                 ran ? fmt::format("{}", o.start) : "", o.end >= 0 ? fmt::format("{}", o.end) : "",
                 ran ? fmt::format("{}", o.start - s.submit) : "",
-                ran && o.end >= 0 ? fmt::format("{}", o.end - o.start) : "", o.restarts,
+                ran && o.end >= 0 ? fmt::format("{}", o.end - o.start) : "",
+                o.end >= 0 ? fmt::format("{}", o.end - s.submit) : "", o.restarts,
                 o.preemptions, o.failures, o.device_s / 3600, o.lost_device_s / 3600, o.cost_usd,
                 o.energy_kwh, o.co2_g / 1000, opt(s.recorded_start), opt(s.recorded_end), reason);
+        }
+    }
+}
+
+void write_series_csv(const std::vector<SimResult>& results, std::ostream& out) {
+    out << "policy,t,busy_devices,available_devices,queued_jobs\n";
+    for (const auto& r : results) {
+        for (const auto& p : r.series) {
+            out << fmt::format("{},{},{},{},{}\n", r.policy, p.t, p.busy, p.available, p.queued);
         }
     }
 }
@@ -158,7 +165,7 @@ nlohmann::json jobs_json(const std::vector<SimJob>& jobs, const SimResult& r) {
                             {"cost_usd", o.cost_usd},        {"energy_kwh", o.energy_kwh},
                             {"co2_kg", o.co2_g / 1000}};
         if (o.start >= 0) x["start"] = o.start, x["wait_s"] = o.start - jobs[j].spec.submit;
-        if (o.end >= 0) x["end"] = o.end;
+        if (o.end >= 0) x["end"] = o.end, x["completion_s"] = o.end - jobs[j].spec.submit;
         if (!jobs[j].reject.empty()) x["reason"] = jobs[j].reject;
         a.push_back(std::move(x));
     }

@@ -30,17 +30,22 @@ Summary summarize(const std::vector<SimJob>& jobs, const SimResult& r);
 // Nearest-rank percentile of unsorted values (q in [0, 1]); 0 when empty.
 double percentile(std::vector<double> v, double q);
 
+// Seconds in the most readable unit: "45s", "12.5m", "3.2h", "2.1d".
+std::string format_duration(double s);
+
 nlohmann::json to_json(const Summary& s);
 // Policies side by side, one row each.
 std::string summary_table(const std::vector<Summary>& s);
 
 // One row per job and policy: id, policy, state, submit, eligible, start,
-// end, wait, run, restarts, preemptions, failures, device-hours, lost
+// end, wait, run, completion (end - submit), restarts, preemptions, failures, device-hours, lost
 // device-hours, cost, energy, CO2, the recorded start and end (Slurm
 // records) and the rejection reason.
 void write_jobs_csv(const std::vector<SimJob>& jobs, const std::vector<SimResult>& results,
                     std::ostream& out);
 nlohmann::json jobs_json(const std::vector<SimJob>& jobs, const SimResult& r);
+// The cluster over time: one row per change of busy, available or queued.
+void write_series_csv(const std::vector<SimResult>& results, std::ostream& out);
 
 // Simulated against recorded (Slurm) starts and ends, for jobs with both.
 struct ReplayCheck {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 
 #include "cli/sim_cmd.h"
@@ -211,8 +212,9 @@ void run(const Options& o) {
         write_file_atomically(o.series_out, s.str(), "--series-out");
     }
     if (!o.svg.empty()) {
-        const std::string title = fmt::format("{}: {} jobs on {} x {}", o.trace, jobs.size(),
-                                              c.devices(), pc.dev.name);
+        const std::string title =
+            fmt::format("{}: {} jobs on {} x {}", std::filesystem::path(o.trace).filename().string(),
+                        jobs.size(), c.devices(), pc.dev.name);
         sim::write_picture(sim::cluster_svg(results, sums, c, title), o.svg);
     }
     if (o.json) {

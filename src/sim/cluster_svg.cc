@@ -228,24 +228,24 @@ std::string cluster_svg(const std::vector<SimResult>& results,
                         const std::vector<Summary>& summaries, const SimConfig& cfg,
                         const std::string& title) {
     const double block = 28 + kGanttH + 10 + kUtilH + 40;
-    Svg s(kW, 40 + block * double(results.size()) + 290);
+    Svg s(kW, 56 + block * double(results.size()) + 290);
     s.text(kLeft, 26, title, 16, "start", "font-weight=\"bold\"");
     size_t most_runs = 0;
     for (const auto& r : results) most_runs = std::max(most_runs, r.segments.size());
     const long long devices = (long long)(cfg.nodes + cfg.spot_nodes_max) * cfg.per_node;
     const bool gantt_fits = most_runs <= kMaxGanttRects && devices <= kMaxGanttDevices;
-    s.text(kW - kRight, 26,
-           gantt_fits ? "one colour per job; red edge: a run cut by a failure, preemption or "
-                        "reclaim"
-                      : "heat map: share of each row's devices busy (darker: busier)",
-           11, "end", "fill=\"#555\"");
+    s.text(kLeft, 44,
+           gantt_fits ? "each rectangle: a run of a job on its devices (one colour per job); a "
+                        "red edge: a run cut by a failure, a preemption or a spot reclaim"
+                      : "heat map: the share of each row's devices that is busy (darker: busier)",
+           11, "start", "fill=\"#555\"");
     double span = 1;
     for (const auto& r : results) {
         span = std::max(span, r.makespan);
         if (!r.series.empty()) span = std::max(span, r.series.back().t);
     }
     const TimeAxis ax{span};
-    double y = 40;
+    double y = 56;
     for (size_t i = 0; i < results.size(); ++i) {
         const auto& r = results[i];
         const auto& sm = summaries[i];

@@ -124,8 +124,12 @@ std::vector<Row> run_placement(const sim::Fabric& fabric, const plan::Cluster& c
     for (size_t i = 0; i < jobs.size(); ++i) r[i].shared = all.finish_s[i] / o.iterations;
     if (!r.empty()) {
         r[0].note += (r[0].note.empty() ? "" : "; ") +
-                     fmt::format("busiest link: {} ({:.0f}% of it on average)", all.hottest_link,
+                     fmt::format("busiest link: {} ({:.0f}% used on average)", all.hottest_link,
                                  100 * all.hottest_link_util);
+        if (!all.hottest_switch.empty()) {
+            r[0].note += fmt::format("; busiest switch link: {} ({:.0f}% at its peak)",
+                                     all.hottest_switch, 100 * all.hottest_switch_peak);
+        }
     }
     return r;
 }

@@ -38,6 +38,8 @@ public:
     size_t links() const { return cap_.size(); }
     double capacity(size_t link) const { return cap_[link]; }
     const std::string& link_name(size_t link) const;
+    // A device's own link (intra-node or NIC), not a switch's.
+    bool device_link(size_t link) const { return link < size_t(4 * n_); }
     // Appends the links from device a to device b to `path`; returns the
     // latency of one message on it (the planner's alpha for that tier).
     double route(long long a, long long b, std::vector<int>& path) const;

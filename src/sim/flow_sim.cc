@@ -21,7 +21,12 @@ struct Flow {
 class Sim {
 public:
     Sim(const Fabric& f, const std::vector<std::vector<Step>>& jobs)
-        : f_(f), jobs_(jobs), cap_left_(f.links()), users_(f.links(), 0), bytes_(f.links(), 0) {
+        : f_(f),
+          jobs_(jobs),
+          cap_left_(f.links()),
+          users_(f.links(), 0),
+          bytes_(f.links(), 0),
+          peak_(f.links(), 0) {
         stats_.finish_s.assign(jobs.size(), 0);
         next_step_.assign(jobs.size(), 0);
         open_.assign(jobs.size(), 0);
@@ -139,7 +144,11 @@ private:
                 }
             }
         }
-        for (int l : used_) users_[size_t(l)] = 0;
+        for (int l : used_) {
+            users_[size_t(l)] = 0;
+            const double load = 1 - cap_left_[size_t(l)] / f_.capacity(size_t(l));
+            peak_[size_t(l)] = std::max(peak_[size_t(l)], load);
+        }
         dirty_ = false;
     }
 
@@ -175,6 +184,10 @@ private:
                 stats_.hottest_link_util = u;
                 stats_.hottest_link = f_.link_name(l);
             }
+            if (!f_.device_link(l) && peak_[l] > stats_.hottest_switch_peak) {
+                stats_.hottest_switch_peak = peak_[l];
+                stats_.hottest_switch = f_.link_name(l);
+            }
         }
     }
 
@@ -194,6 +207,7 @@ private:
     std::vector<int> users_;
     std::vector<int> used_;
     std::vector<double> bytes_;
+    std::vector<double> peak_;
 };
 
 }  // namespace

@@ -31,6 +31,10 @@ struct FlowStats {
     // over the run, and its name.
     double hottest_link_util = 0;
     std::string hottest_link;
+    // The switch link (uplink, global link) with the highest load at any
+    // moment, as a fraction of its capacity.
+    double hottest_switch_peak = 0;
+    std::string hottest_switch;
 };
 
 // Runs every job's steps from time 0, all jobs at once on one fabric.

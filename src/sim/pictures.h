@@ -22,8 +22,8 @@ std::string cluster_svg(const std::vector<SimResult>& results,
                         const std::vector<Summary>& summaries, const SimConfig& cfg,
                         const std::string& title);
 
-// One bar group per job, one bar per placement, and the planner's time as a
-// marker; values in seconds.
+// One bar group per job, one bar per placement, drawn relative to the
+// planner's time; values in seconds.
 struct CommBars {
     std::vector<std::string> jobs;        // "job 1: all-reduce 1 GiB on 64"
     std::vector<std::string> placements;  // packed, spread, topology

@@ -87,7 +87,7 @@ private:
     void schedule();
     bool pass();  // true when it preempted (another pass may start more)
     template <class Visit>
-    void for_each_queued(Visit visit);  // in policy order until visit returns false
+    void for_each_queued(int pool, Visit visit);  // in policy order until visit returns false
     void try_start(int j);
     double planned_run(int j) const;  // what the scheduler expects the next run to take
     void reserve(int j, double* shadow, long long* extra);
@@ -113,9 +113,12 @@ private:
     long long remaining_ = 0;  // jobs not yet done
     long long queued_ = 0;
     long long busy_ = 0;
-    // Queues: class -> account -> entries in submit order ("" and class 0
-    // when the policy does not use them).
-    std::map<int, std::map<std::string, std::deque<QueueEntry>>, std::greater<int>> queues_;
+    // Queues per pool (on-demand, spot; pools never block each other):
+    // class -> account -> entries in submit order ("" and class 0 when the
+    // policy does not use them).
+    using Queues =
+        std::map<int, std::map<std::string, std::deque<QueueEntry>>, std::greater<int>>;
+    Queues queues_[2];
     std::vector<int> requeue_;  // interrupted during a pass, queued after it
     std::map<std::string, Account> accounts_;
     int tombstones_ = 0;

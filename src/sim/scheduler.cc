@@ -24,7 +24,7 @@ void Engine::enqueue(int j) {
     const JobSpec& s = jobs_[j].spec;
     const int cls = policy_.order == Order::submit ? 0 : s.priority;
     const std::string& acct = policy_.order == Order::fairshare ? s.account : kNoAccount;
-    auto& q = queues_[cls][acct];
+    auto& q = queues_[r.pool][cls][acct];
     // Submit order, the trace's order breaking ties (Slurm's priority/basic
     // orders by submission too, and a requeued job keeps its place).
     auto before = [&](const QueueEntry& e, int k) {
@@ -161,9 +161,9 @@ void Engine::try_start(int j) {
 }
 
 template <class Visit>
-void Engine::for_each_queued(Visit visit) {
+void Engine::for_each_queued(int pool, Visit visit) {
     std::vector<std::pair<double, const std::string*>> order;
-    for (auto& [cls, accounts] : queues_) {
+    for (auto& [cls, accounts] : queues_[pool]) {
         order.clear();
         for (auto& [name, q] : accounts) {
             while (!q.empty() && (run_[q.front().job].state != RunState::queued ||
@@ -191,60 +191,57 @@ void Engine::for_each_queued(Visit visit) {
 }
 
 bool Engine::pass() {
-    struct PoolState {
+    bool preempted = false;
+    for (int pool = 0; pool < 2; ++pool) {
         bool blocked = false;
         double shadow = kNever;
         long long extra = 0;
-    };
-    PoolState ps[2];
-    const bool spot = cfg_.spot_nodes_max > 0;
-    bool preempted = false;
-    int seen = 0;
-    auto all_blocked = [&] { return ps[0].blocked && (!spot || ps[1].blocked); };
-    for_each_queued([&](int j) {
-        if (++seen > cfg_.queue_depth) return false;
-        PoolState& s = ps[run_[j].pool];
-        const long long need = jobs_[j].spec.devices;
-        const long long free = pools_[run_[j].pool].free();
-        if (s.blocked) {
-            if (policy_.backfill && free >= need) {
-                // EASY: it may go now if it is back before the reservation, or
-                // fits in what the reserved job leaves spare.
-                if (now_ + planned_run(j) + cfg_.latency_s <= s.shadow) {
-                    try_start(j);
-                } else if (need <= s.extra) {
-                    try_start(j);
-                    s.extra -= need;
+        int seen = 0;
+        for_each_queued(pool, [&](int j) {
+            if (++seen > cfg_.queue_depth) return false;
+            const long long need = jobs_[j].spec.devices;
+            const long long free = pools_[pool].free();
+            if (blocked) {
+                // EASY: it may go now if it is back before the reservation,
+                // or fits in what the reserved job leaves spare.
+                if (free >= need) {
+                    if (now_ + planned_run(j) + cfg_.latency_s <= shadow) {
+                        try_start(j);
+                    } else if (need <= extra) {
+                        try_start(j);
+                        extra -= need;
+                    }
                 }
+                return free > 0;
             }
-            return policy_.backfill || !all_blocked();
-        }
-        if (free >= need) {
-            try_start(j);
-            return true;
-        }
-        if (policy_.preempt && preempt_for(j)) {
-            try_start(j);
-            preempted = true;
-            return true;
-        }
-        s.blocked = true;  // the first job that cannot start: it blocks (or reserves)
-        if (policy_.backfill) {
-            reserve(j, &s.shadow, &s.extra);
-            if (res_.jobs[j].reservation < 0) res_.jobs[j].reservation = s.shadow;
-        }
-        return policy_.backfill || !all_blocked();
-    });
+            if (free >= need) {
+                try_start(j);
+                return true;
+            }
+            if (policy_.preempt && preempt_for(j)) {
+                try_start(j);
+                preempted = true;
+                return true;
+            }
+            blocked = true;  // the first job that cannot start: it blocks, or reserves
+            if (!policy_.backfill) return false;
+            reserve(j, &shadow, &extra);
+            if (res_.jobs[j].reservation < 0) res_.jobs[j].reservation = shadow;
+            return free > 0;
+        });
+    }
     return preempted;
 }
 
 void Engine::compact_queues() {
     if (tombstones_ < 4096 || tombstones_ < queued_) return;
-    for (auto& [cls, accounts] : queues_) {
-        for (auto& [name, q] : accounts) {
-            std::erase_if(q, [&](const QueueEntry& e) {
-                return run_[e.job].state != RunState::queued || run_[e.job].token != e.token;
-            });
+    for (auto& pool : queues_) {
+        for (auto& [cls, accounts] : pool) {
+            for (auto& [name, q] : accounts) {
+                std::erase_if(q, [&](const QueueEntry& e) {
+                    return run_[e.job].state != RunState::queued || run_[e.job].token != e.token;
+                });
+            }
         }
     }
     tombstones_ = 0;

@@ -182,4 +182,24 @@ TEST(SimCli, ErrorsNameWhatAndWhere) {
     EXPECT_NE(r.output.find("'lots' is not a size in bytes"), std::string::npos);
 }
 
+// Every option of every `apiary sim` subcommand is in the user guide.
+TEST(SimCli, UserGuideListsEveryOption) {
+    const std::string guide = slurp(std::string(APIARY_SOURCE_DIR) + "/docs/user-guide.md");
+    for (const char* sub : {"cluster", "comm", "trace"}) {
+        const auto r = run_command(sim(std::string(sub) + " --help"));
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        size_t pos = 0;
+        int options = 0;
+        while ((pos = r.output.find("  --", pos)) != std::string::npos) {
+            const size_t end = r.output.find_first_of(" \n", pos + 2);
+            const std::string opt = r.output.substr(pos + 2, end - pos - 2);
+            pos = end;
+            ++options;
+            if (opt == "--help") continue;
+            EXPECT_NE(guide.find(opt), std::string::npos) << "sim " << sub << " " << opt;
+        }
+        EXPECT_GT(options, 5) << sub;
+    }
+}
+
 }  // namespace

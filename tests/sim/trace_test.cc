@@ -283,5 +283,13 @@ TEST(SimJobModel, PlannerGivesWorkMemoryAndCheckpoints) {
     EXPECT_NE(m.cost(odd).reject.find("the planner cannot lay it out"), std::string::npos);
 }
 
+// docs/sim.md documents every field of the trace format.
+TEST(SimDocs, EveryTraceFieldIsDocumented) {
+    const std::string doc = read_text_file(std::string(APIARY_SOURCE_DIR) + "/docs/sim.md", "doc");
+    for (const auto& f : trace_fields()) {
+        EXPECT_NE(doc.find(std::string("`") + f.name + "`"), std::string::npos) << f.name;
+    }
+}
+
 }  // namespace
 }  // namespace apiary::sim

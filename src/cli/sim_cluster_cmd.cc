@@ -45,10 +45,10 @@ std::map<std::string, double> parse_shares(const std::string& text) {
         const auto eq = item.find('=');
         double v = 0;
         if (eq == std::string::npos || !sim::parse_double(item.substr(eq + 1), &v) || v <= 0) {
-            throw ConfigError(fmt::format(
-                "--shares: '{}' is not account=share with a share > 0 (e.g. --shares "
-                "research=2,prod=1)",
-                item));
+            throw ConfigError(
+                fmt::format("--shares: '{}' is not account=share with a share > 0 (e.g. --shares "
+                            "research=2,prod=1)",
+                            item));
         }
         m[item.substr(0, eq)] = v;
     }
@@ -90,10 +90,10 @@ sim::SimConfig sim_config(const Options& o, const plan::Cluster& pc, const sim::
     sim::SimConfig c;
     c.per_node = int(std::min<long long>(pc.dev.devices_per_node, pc.n));
     if (pc.n % c.per_node != 0) {
-        throw ConfigError(fmt::format(
-            "cluster.gpus = {} is not a whole number of nodes of {} devices: set "
-            "cluster.gpus_per_node to a divisor, or change the count",
-            pc.n, c.per_node));
+        throw ConfigError(
+            fmt::format("cluster.gpus = {} is not a whole number of nodes of {} devices: set "
+                        "cluster.gpus_per_node to a divisor, or change the count",
+                        pc.n, c.per_node));
     }
     c.nodes = int(pc.n / c.per_node);
     c.price_hour = pc.price_hour;
@@ -115,7 +115,7 @@ sim::SimConfig sim_config(const Options& o, const plan::Cluster& pc, const sim::
     }
     c.mtbf_node_s = o.failures ? pc.mtbf_node_hours * 3600 : 0;
     c.repair_s = o.repair_h * 3600;
-    c.queue_depth = o.queue_depth > 0 ? o.queue_depth
+    c.queue_depth = o.queue_depth > 0           ? o.queue_depth
                     : slurm.bf_max_job_test > 0 ? int(slurm.bf_max_job_test)
                                                 : 1000;
     c.fairshare_half_life_s = o.half_life_days * 86400;
@@ -168,7 +168,8 @@ void print_text(const Options& o, const sim::Trace& trace, const std::vector<sim
             policy, ch.compared, ch.same_start_order ? "the same" : "differs",
             ch.same_end_order ? "the same" : "differs", ch.max_start_err_s, ch.max_end_err_s,
             ch.mean_abs_start_err_s);
-        if (!ch.first_difference.empty()) fmt::print("  first difference: {}\n", ch.first_difference);
+        if (!ch.first_difference.empty())
+            fmt::print("  first difference: {}\n", ch.first_difference);
     }
 }
 
@@ -181,7 +182,8 @@ void run(const Options& o) {
     std::vector<sim::Policy> policies;
     bool replay = false;
     for (const auto& j : trace.jobs) replay |= j.recorded_start >= 0;
-    for (const auto& name : policy_list(o, slurm, replay)) policies.push_back(sim::parse_policy(name));
+    for (const auto& name : policy_list(o, slurm, replay))
+        policies.push_back(sim::parse_policy(name));
     const plan::Cluster pc = plan::cluster_from(cfg, cfg.get_int("cluster.gpus"));
     sim::JobModel model(cfg, pc, o.ckpt_interval_s);
     sim::SimConfig c = sim_config(o, pc, model, slurm);
@@ -212,9 +214,9 @@ void run(const Options& o) {
         write_file_atomically(o.series_out, s.str(), "--series-out");
     }
     if (!o.svg.empty()) {
-        const std::string title =
-            fmt::format("{}: {} jobs on {} x {}", std::filesystem::path(o.trace).filename().string(),
-                        jobs.size(), c.devices(), pc.dev.name);
+        const std::string title = fmt::format("{}: {} jobs on {} x {}",
+                                              std::filesystem::path(o.trace).filename().string(),
+                                              jobs.size(), c.devices(), pc.dev.name);
         sim::write_picture(sim::cluster_svg(results, sums, c, title), o.svg);
     }
     if (o.json) {
@@ -247,8 +249,9 @@ void add_sim_cluster(CLI::App* sim) {
     auto* cmd = sim->add_subcommand("cluster", "run a job trace under scheduling policies");
     static Options o;
     add_sim_cluster_options(cmd, o.cluster);
-    cmd->add_option("--trace", o.trace, "jobs: CSV/JSON (docs/sim.md), sacct --parsable2 output "
-                                        "or a jobcomp/filetxt log")
+    cmd->add_option("--trace", o.trace,
+                    "jobs: CSV/JSON (docs/sim.md), sacct --parsable2 output "
+                    "or a jobcomp/filetxt log")
         ->required();
     cmd->add_option("--trace-format", o.trace_format, "auto, csv, json, sacct or jobcomp");
     cmd->add_option("--slurm-conf", o.slurm_conf,

@@ -21,8 +21,7 @@
 namespace apiary::cli {
 
 void add_sim_cluster_options(CLI::App* cmd, SimClusterOptions& o) {
-    cmd->add_option("--gpus", o.gpus,
-                    "devices, e.g. 1024xH100-SXM (cluster.gpus, cluster.device)");
+    cmd->add_option("--gpus", o.gpus, "devices, e.g. 1024xH100-SXM (cluster.gpus, cluster.device)");
     cmd->add_option("--config", o.config_file, "TOML config with a [cluster] table");
     cmd->add_option("--cluster", o.cluster_file, "TOML file with a [cluster] table");
     cmd->add_option("--set", o.sets, "key=value override (repeatable), e.g. cluster.topology=...");

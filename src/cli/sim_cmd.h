@@ -2,7 +2,6 @@
 // `apiary sim`: its subcommands live in sim_*_cmd.cc; this is what they share.
 
 #include <CLI/CLI.hpp>
-
 #include <string>
 #include <vector>
 

@@ -29,21 +29,27 @@ struct JobArg {
 };
 
 double parse_bytes(const std::string& s, const std::string& job) {
-    static const std::pair<const char*, double> units[] = {
-        {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
-        {"K", 1e3},      {"M", 1e6},         {"G", 1e9},            {"T", 1e12},
-        {"B", 1}};
+    static const std::pair<const char*, double> units[] = {{"KiB", 1024.0},
+                                                           {"MiB", 1048576.0},
+                                                           {"GiB", 1073741824.0},
+                                                           {"TiB", 1099511627776.0},
+                                                           {"K", 1e3},
+                                                           {"M", 1e6},
+                                                           {"G", 1e9},
+                                                           {"T", 1e12},
+                                                           {"B", 1}};
     for (const auto& [u, mult] : units) {
         const std::string unit = u;
         if (s.size() > unit.size() && s.ends_with(unit)) {
             double v = 0;
-            if (sim::parse_double(s.substr(0, s.size() - unit.size()), &v) && v > 0) return v * mult;
+            if (sim::parse_double(s.substr(0, s.size() - unit.size()), &v) && v > 0)
+                return v * mult;
         }
     }
     double v = 0;
     if (sim::parse_double(s, &v) && v > 0) return v;
-    throw ConfigError(fmt::format(
-        "--job {}: '{}' is not a size in bytes (e.g. 1GiB, 64MiB, 256e6)", job, s));
+    throw ConfigError(
+        fmt::format("--job {}: '{}' is not a size in bytes (e.g. 1GiB, 64MiB, 256e6)", job, s));
 }
 
 JobArg parse_job(const std::string& text) {
@@ -56,8 +62,8 @@ JobArg parse_job(const std::string& text) {
     j.text = text;
     double r = 0;
     if (!sim::parse_double(parts[0], &r) || r < 1 || r != std::floor(r)) {
-        throw ConfigError(fmt::format("--job {}: ranks '{}' is not a whole number >= 1", text,
-                                      parts[0]));
+        throw ConfigError(
+            fmt::format("--job {}: ranks '{}' is not a whole number >= 1", text, parts[0]));
     }
     j.ranks = (long long)r;
     try {
@@ -141,12 +147,11 @@ std::string job_label(const JobArg& j) {
 
 void print_rows(const plan::Cluster& c, const sim::Fabric& fabric, const std::vector<JobArg>& jobs,
                 const std::vector<std::vector<Row>>& rows) {
-    fmt::print("fabric: {} x {} ({} per node), {} (NIC {:.4g} GB/s, intra-node {:.4g} GB/s)\n",
-               c.n, c.dev.name, c.ranks_per_node(), c.topo.name, fabric.nic_bw() / 1e9,
+    fmt::print("fabric: {} x {} ({} per node), {} (NIC {:.4g} GB/s, intra-node {:.4g} GB/s)\n", c.n,
+               c.dev.name, c.ranks_per_node(), c.topo.name, fabric.nic_bw() / 1e9,
                fabric.intra_bw() / 1e9);
     fmt::print("\n{:<10} {:<28} {:<13} {:>6} {:>12} {:>12} {:>9} {:>12} {:>9}\n", "placement",
-               "job", "algorithm", "nodes", "alone", "shared", "slowdown", "alpha-beta",
-               "vs a-b");
+               "job", "algorithm", "nodes", "alone", "shared", "slowdown", "alpha-beta", "vs a-b");
     for (const auto& r : rows) {
         for (size_t i = 0; i < r.size(); ++i) {
             fmt::print("{:<10} {:<28} {:<13} {:>6} {:>12} {:>12} {:>8.2f}x {:>12} {:>8.3f}x\n",

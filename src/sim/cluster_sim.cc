@@ -32,9 +32,9 @@ Policy parse_policy(const std::string& name) {
         } else if (parts[i] == "carbon") {
             p.carbon = true;
         } else {
-            throw ConfigError(fmt::format(
-                "--policies: unknown modifier '+{}' in '{}' (known: +preempt, +carbon)", parts[i],
-                name));
+            throw ConfigError(
+                fmt::format("--policies: unknown modifier '+{}' in '{}' (known: +preempt, +carbon)",
+                            parts[i], name));
         }
     }
     return p;

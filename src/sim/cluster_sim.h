@@ -53,22 +53,22 @@ struct SimConfig {
     Profile spot_price;      // USD per device-hour over time (empty: spot_price_hour)
     double price_hour = 0;   // USD per device-hour on demand
     double spot_price_hour = 0;
-    Profile carbon;                   // gCO2e per kWh over time
-    double idle_kw_per_device = 0;    // an idle device at the wall
-    double restart_s = 0;             // after an interruption, before work resumes
+    Profile carbon;                 // gCO2e per kWh over time
+    double idle_kw_per_device = 0;  // an idle device at the wall
+    double restart_s = 0;           // after an interruption, before work resumes
     // The scheduler reacts this long after a job arrives or ends: a job is
     // first considered `latency_s` after its submission, and devices come back
     // `latency_s` after a run ends (Slurm's controller ticks and job epilogs:
     // about 1 s).
     double latency_s = 0;
-    double mtbf_node_s = 0;           // 0: nodes never fail
-    double repair_s = 4 * 3600;       // a failed node is back after this
-    int queue_depth = 1000;           // queued jobs looked at per scheduling pass
+    double mtbf_node_s = 0;                    // 0: nodes never fail
+    double repair_s = 4 * 3600;                // a failed node is back after this
+    int queue_depth = 1000;                    // queued jobs looked at per scheduling pass
     double fairshare_half_life_s = 7 * 86400;  // 0: usage never decays
     std::map<std::string, double> shares;      // account -> share (default 1)
     uint64_t seed = 1;                         // failure times
-    bool record = true;           // keep run segments and the series (pictures)
-    double horizon_s = kNever;    // stop here; what has not finished is "unfinished"
+    bool record = true;                        // keep run segments and the series (pictures)
+    double horizon_s = kNever;                 // stop here; what has not finished is "unfinished"
 
     long long devices() const { return (long long)nodes * per_node; }
 };
@@ -93,8 +93,8 @@ struct JobOutcome {
     double start = -1;    // first start
     double end = -1;      // completion (or time-out)
     int restarts = 0, preemptions = 0, failures = 0;
-    double device_s = 0;         // devices x time allocated
-    double lost_device_s = 0;    // work since the last checkpoint, thrown away
+    double device_s = 0;           // devices x time allocated
+    double lost_device_s = 0;      // work since the last checkpoint, thrown away
     double overhead_device_s = 0;  // restarts and checkpoint writes
     double cost_usd = 0, energy_kwh = 0, co2_g = 0;
     double reservation = -1;  // first backfill reservation it got (-1: none)

@@ -154,8 +154,7 @@ void utilisation(Svg& s, const SimResult& r, const TimeAxis& ax, double y0) {
     s.text(kLeft + kPlotW + 6, y0 + 10, fmt::format("{}", short_number(qmax)), 10);
     s.text(kLeft + kPlotW + 6, y0 + kUtilH, "0", 10);
     s.text(kLeft + 6, y0 + 13, "utilisation", 11, "start", "fill=\"#1f77b4\"");
-    s.text(kLeft + kPlotW - 6, y0 + 13, "jobs queued (right axis)", 11, "end",
-           "fill=\"#ff7f0e\"");
+    s.text(kLeft + kPlotW - 6, y0 + 13, "jobs queued (right axis)", 11, "end", "fill=\"#ff7f0e\"");
 }
 
 // The unit for a set of durations: that of their median, so most bars
@@ -215,9 +214,9 @@ void comparison(Svg& s, const std::vector<Summary>& sum, double y0) {
             s.rect(x0 + bw * double(p) + 2, top + ch - h, bw - 4, h, series_color(int(p)));
             const double lx2 = x0 + bw * (double(p) + 0.5), ly = top + ch - h - 3;
             // Narrow bars get their value written upwards, so neighbours do not collide.
-            s.text(lx2, ly, short_number(v), 10, bw < 44 ? "start" : "middle",
-                   bw < 44 ? fmt::format("transform=\"rotate(-90 {:.1f} {:.1f})\"", lx2 + 3, ly)
-                           : "");
+            s.text(
+                lx2, ly, short_number(v), 10, bw < 44 ? "start" : "middle",
+                bw < 44 ? fmt::format("transform=\"rotate(-90 {:.1f} {:.1f})\"", lx2 + 3, ly) : "");
         }
     }
 }
@@ -250,9 +249,9 @@ std::string cluster_svg(const std::vector<SimResult>& results,
         const auto& r = results[i];
         const auto& sm = summaries[i];
         s.text(kLeft, y + 18,
-               fmt::format("{}: mean wait {}, p95 {}, utilisation {:.1f}%, {} restarts",
-                           r.policy, format_duration(sm.mean_wait_s),
-                           format_duration(sm.p95_wait_s), 100 * sm.utilisation, sm.restarts),
+               fmt::format("{}: mean wait {}, p95 {}, utilisation {:.1f}%, {} restarts", r.policy,
+                           format_duration(sm.mean_wait_s), format_duration(sm.p95_wait_s),
+                           100 * sm.utilisation, sm.restarts),
                14, "start", fmt::format("fill=\"{}\" font-weight=\"bold\"", series_color(int(i))));
         if (gantt_fits) {
             gantt(s, r, cfg, ax, y + 28);

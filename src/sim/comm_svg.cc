@@ -38,9 +38,10 @@ std::string comm_svg(const CommBars& b, const std::string& title) {
         s.line(left, y(v), w - right, y(v), "#e5e5e5");
         s.text(left - 6, y(v) + 4, fmt::format("{:g}x", v), 11, "end");
     }
-    s.raw(fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" "
-                      "stroke=\"#222\" stroke-width=\"1.5\" stroke-dasharray=\"6,4\"/>\n",
-                      left, y(1), w - right, y(1)));
+    s.raw(
+        fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" "
+                    "stroke=\"#222\" stroke-width=\"1.5\" stroke-dasharray=\"6,4\"/>\n",
+                    left, y(1), w - right, y(1)));
     s.text(20, top + plot_h / 2, "time / alpha-beta time", 12, "middle",
            fmt::format("transform=\"rotate(-90 20 {:.1f})\"", top + plot_h / 2));
     double lx = left;

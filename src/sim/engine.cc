@@ -2,6 +2,8 @@
 // accounting (device time, lost work, cost, energy, CO2), node failures and
 // spot capacity. Scheduling decisions are in scheduler.cc.
 
+#include "sim/engine.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -10,7 +12,6 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "sim/engine.h"
 
 namespace apiary::sim {
 
@@ -110,8 +111,7 @@ SimResult Engine::run() {
         record_series();
     }
     for (const auto& o : res_.jobs) res_.makespan = std::max(res_.makespan, o.end);
-    res_.wall_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    res_.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return std::move(res_);
 }
 

@@ -37,10 +37,10 @@ enum class RunState { pending, held, queued, running, releasing, done };
 
 struct Run {  // a job's state during the simulation
     RunState state = RunState::pending;
-    int epoch = 0;       // bumped when a run is interrupted: its end event is stale
-    int token = 0;       // bumped on each enqueue: older queue entries are stale
+    int epoch = 0;  // bumped when a run is interrupted: its end event is stale
+    int token = 0;  // bumped on each enqueue: older queue entries are stale
     int pool = 0;
-    double saved = 0;    // work saved in checkpoints
+    double saved = 0;  // work saved in checkpoints
     double seg_start = 0, seg_restart = 0, seg_end = 0;
     bool seg_timeout = false;
     std::vector<int32_t> slots;
@@ -59,11 +59,11 @@ struct Account {
 };
 
 class Engine {
-public:
+  public:
     Engine(const std::vector<SimJob>& jobs, const SimConfig& cfg, const Policy& policy);
     SimResult run();
 
-private:
+  private:
     // engine.cc
     void push(double t, EventKind k, int a, int b = 0);
     void handle(const Event& e);
@@ -116,8 +116,7 @@ private:
     // Queues per pool (on-demand, spot; pools never block each other):
     // class -> account -> entries in submit order ("" and class 0 when the
     // policy does not use them).
-    using Queues =
-        std::map<int, std::map<std::string, std::deque<QueueEntry>>, std::greater<int>>;
+    using Queues = std::map<int, std::map<std::string, std::deque<QueueEntry>>, std::greater<int>>;
     Queues queues_[2];
     std::vector<int> requeue_;  // interrupted during a pass, queued after it
     std::map<std::string, Account> accounts_;

@@ -21,7 +21,7 @@
 namespace apiary::sim {
 
 class Fabric {
-public:
+  public:
     enum class Shape { tree, rail, dragonfly };
 
     explicit Fabric(const plan::Cluster& c);
@@ -47,7 +47,7 @@ public:
     double intra_bw() const { return intra_bw_; }
     double nic_bw() const { return nic_bw_; }
 
-private:
+  private:
     long long block(size_t level, long long d) const;
     int level_link(size_t level, long long blk, bool up) const;
     void add_level_links();

@@ -19,7 +19,7 @@ struct Flow {
 };
 
 class Sim {
-public:
+  public:
     Sim(const Fabric& f, const std::vector<std::vector<Step>>& jobs)
         : f_(f),
           jobs_(jobs),
@@ -68,7 +68,7 @@ public:
         return stats_;
     }
 
-private:
+  private:
     static constexpr double kInf = std::numeric_limits<double>::infinity();
 
     // The job's next step: after its latency, its transfers start.
@@ -200,8 +200,7 @@ private:
     std::vector<int> paths_;
     std::vector<size_t> next_step_;
     std::vector<int> open_;
-    std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>,
-                        std::greater<>>
+    std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>>
         waiting_;
     std::vector<double> cap_left_;
     std::vector<int> users_;

@@ -25,7 +25,7 @@ struct JobCost {
 };
 
 class JobModel {
-public:
+  public:
     // base: the resolved config (cluster.* keys, defaults for the model
     // keys); cluster: plan::cluster_from(base) for the whole machine.
     // default_interval_s: checkpoint interval of jobs without a model.
@@ -37,7 +37,7 @@ public:
     double device_kw(double busy) const;
     const plan::Cluster& cluster() const { return cluster_; }
 
-private:
+  private:
     JobCost planned(const JobSpec& job);
     core::Config base_;
     plan::Cluster cluster_;

@@ -25,8 +25,8 @@ std::string cluster_svg(const std::vector<SimResult>& results,
 // One bar group per job, one bar per placement, drawn relative to the
 // planner's time; values in seconds.
 struct CommBars {
-    std::vector<std::string> jobs;        // "job 1: all-reduce 1 GiB on 64"
-    std::vector<std::string> placements;  // packed, spread, topology
+    std::vector<std::string> jobs;              // "job 1: all-reduce 1 GiB on 64"
+    std::vector<std::string> placements;        // packed, spread, topology
     std::vector<std::vector<double>> shared_s;  // [placement][job], all jobs at once
     std::vector<std::vector<double>> alone_s;   // [placement][job], alone on the fabric
     std::vector<double> planner_s;              // [job]

@@ -26,8 +26,8 @@ const char* placement_name(Placement p) {
 }
 
 Placement parse_placement(const std::string& name) {
-    for (Placement p : {Placement::packed, Placement::spread, Placement::random,
-                        Placement::topology}) {
+    for (Placement p :
+         {Placement::packed, Placement::spread, Placement::random, Placement::topology}) {
         if (name == placement_name(p)) return p;
     }
     throw ConfigError(fmt::format(
@@ -64,8 +64,7 @@ Devs best_fit(const Fabric& f, std::vector<char>& used, long long need) {
         std::stable_sort(nodes.begin(), nodes.end());
         Devs out;
         for (const auto& [_, d0] : nodes) {
-            for (long long d = d0; d < std::min(n, d0 + per) && (long long)out.size() < need;
-                 ++d) {
+            for (long long d = d0; d < std::min(n, d0 + per) && (long long)out.size() < need; ++d) {
                 if (!used[size_t(d)]) out.push_back(d);
             }
         }

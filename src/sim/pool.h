@@ -12,7 +12,7 @@
 namespace apiary::sim {
 
 class Pool {
-public:
+  public:
     // Nodes [first_node, first_node + nodes) of `per_node` devices each; slot
     // ids are node * per_node + slot, unique across pools.
     Pool(int first_node, int nodes, int per_node, bool active);
@@ -36,7 +36,7 @@ public:
     // take idle nodes before busy ones).
     std::vector<int> active_by_free() const;
 
-private:
+  private:
     void take(int local, long long k, std::vector<int32_t>& out);
     void bucket_insert(int local);
     void bucket_remove(int local);

@@ -53,9 +53,7 @@ double Profile::next_change(double t) const {
     return next;
 }
 
-double Profile::min() const {
-    return v_.empty() ? 0 : *std::min_element(v_.begin(), v_.end());
-}
+double Profile::min() const { return v_.empty() ? 0 : *std::min_element(v_.begin(), v_.end()); }
 
 const std::vector<double>* ProfileTable::column(const std::string& name) const {
     for (size_t i = 0; i < columns.size(); ++i) {
@@ -156,8 +154,8 @@ ProfileTable parse_profile_table(const std::string& text, const std::string& sou
                     where, h, hours.back(), step));
             }
         } else if (hours.size() == 1 && h <= hours[0]) {
-            throw DataError(fmt::format("{}: field 'hour': {} does not follow {}", where, h,
-                                        hours[0]));
+            throw DataError(
+                fmt::format("{}: field 'hour': {} does not follow {}", where, h, hours[0]));
         }
         hours.push_back(h);
         for (size_t i = 1; i < cells.size(); ++i) {

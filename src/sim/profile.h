@@ -10,7 +10,7 @@
 namespace apiary::sim {
 
 class Profile {
-public:
+  public:
     Profile() = default;  // empty: holds no values
     Profile(double step_s, std::vector<double> values);
     static Profile constant(double value);
@@ -26,7 +26,7 @@ public:
     double next_change(double t) const;
     double min() const;
 
-private:
+  private:
     double cumulative(double t) const;  // integral over [0, t]
     double step_ = 3600;
     std::vector<double> v_;

@@ -110,9 +110,9 @@ std::string summary_table(const std::vector<Summary>& rows) {
             "{:<24} {:>7} {:>7} {:>5} {:>8} {:>8} {:>8} {:>5.1f}% {:>11.4g} {:>10.4g} {:>8} "
             "{:>12.4g} {:>10.4g} {:>10.4g}\n",
             s.policy, s.jobs, s.completed + s.timeouts, s.rejected, format_duration(s.mean_wait_s),
-            format_duration(s.p95_wait_s), format_duration(s.mean_completion_s), 100 * s.utilisation, s.device_hours,
-            s.lost_device_hours, s.restarts, s.cost_usd, s.energy_kwh + s.idle_energy_kwh,
-            s.co2_kg);
+            format_duration(s.p95_wait_s), format_duration(s.mean_completion_s),
+            100 * s.utilisation, s.device_hours, s.lost_device_hours, s.restarts, s.cost_usd,
+            s.energy_kwh + s.idle_energy_kwh, s.co2_kg);
     }
     return out;
 }
@@ -137,9 +137,9 @@ void write_jobs_csv(const std::vector<SimJob>& jobs, const std::vector<SimResult
                 ran ? fmt::format("{}", o.start) : "", o.end >= 0 ? fmt::format("{}", o.end) : "",
                 ran ? fmt::format("{}", o.start - s.submit) : "",
                 ran && o.end >= 0 ? fmt::format("{}", o.end - o.start) : "",
-                o.end >= 0 ? fmt::format("{}", o.end - s.submit) : "", o.restarts,
-                o.preemptions, o.failures, o.device_s / 3600, o.lost_device_s / 3600, o.cost_usd,
-                o.energy_kwh, o.co2_g / 1000, opt(s.recorded_start), opt(s.recorded_end), reason);
+                o.end >= 0 ? fmt::format("{}", o.end - s.submit) : "", o.restarts, o.preemptions,
+                o.failures, o.device_s / 3600, o.lost_device_s / 3600, o.cost_usd, o.energy_kwh,
+                o.co2_g / 1000, opt(s.recorded_start), opt(s.recorded_end), reason);
         }
     }
 }
@@ -157,12 +157,17 @@ nlohmann::json jobs_json(const std::vector<SimJob>& jobs, const SimResult& r) {
     nlohmann::json a = nlohmann::json::array();
     for (size_t j = 0; j < jobs.size(); ++j) {
         const auto& o = r.jobs[j];
-        nlohmann::json x = {{"id", jobs[j].spec.id},          {"state", job_state_name(o.state)},
-                            {"submit", jobs[j].spec.submit}, {"eligible", o.eligible},
-                            {"restarts", o.restarts},        {"preemptions", o.preemptions},
-                            {"failures", o.failures},        {"device_hours", o.device_s / 3600},
+        nlohmann::json x = {{"id", jobs[j].spec.id},
+                            {"state", job_state_name(o.state)},
+                            {"submit", jobs[j].spec.submit},
+                            {"eligible", o.eligible},
+                            {"restarts", o.restarts},
+                            {"preemptions", o.preemptions},
+                            {"failures", o.failures},
+                            {"device_hours", o.device_s / 3600},
                             {"lost_device_hours", o.lost_device_s / 3600},
-                            {"cost_usd", o.cost_usd},        {"energy_kwh", o.energy_kwh},
+                            {"cost_usd", o.cost_usd},
+                            {"energy_kwh", o.energy_kwh},
                             {"co2_kg", o.co2_g / 1000}};
         if (o.start >= 0) x["start"] = o.start, x["wait_s"] = o.start - jobs[j].spec.submit;
         if (o.end >= 0) x["end"] = o.end, x["completion_s"] = o.end - jobs[j].spec.submit;
@@ -208,9 +213,9 @@ ReplayCheck check_replay(const std::vector<SimJob>& jobs, const SimResult& r) {
             if (a[i] == b[i]) continue;
             *same = false;
             if (c.first_difference.empty()) {
-                c.first_difference = fmt::format("{} #{}: Slurm has job {}, the simulator job {}",
-                                                 what, i + 1, jobs[a[i]].spec.id,
-                                                 jobs[b[i]].spec.id);
+                c.first_difference =
+                    fmt::format("{} #{}: Slurm has job {}, the simulator job {}", what, i + 1,
+                                jobs[a[i]].spec.id, jobs[b[i]].spec.id);
             }
             return;
         }

@@ -21,8 +21,8 @@ long long hostlist_count(const std::string& hostlist, const std::string& where);
 struct SlurmConf {
     std::string scheduler = "sched/backfill";  // SchedulerType (Slurm's default)
     long long nodes = 0;
-    long long cpus_per_node = 0;  // of the first NodeName line
-    long long gpus_per_node = 0;  // Gres=gpu:N
+    long long cpus_per_node = 0;    // of the first NodeName line
+    long long gpus_per_node = 0;    // Gres=gpu:N
     long long bf_max_job_test = 0;  // 0: not set
     std::vector<std::string> notes;
 };

@@ -63,7 +63,8 @@ SlurmConf parse_slurm_conf(const std::string& text, const std::string& source) {
         if (m.count("schedulertype")) c.scheduler = m["schedulertype"];
         if (m.count("schedulerparameters")) {
             for (const auto& p : split(m["schedulerparameters"], ',')) {
-                if (p.rfind("bf_max_job_test=", 0) == 0) c.bf_max_job_test = std::atoll(p.c_str() + 16);
+                if (p.rfind("bf_max_job_test=", 0) == 0)
+                    c.bf_max_job_test = std::atoll(p.c_str() + 16);
             }
         }
         if (!m.count("nodename")) continue;
@@ -89,8 +90,8 @@ SlurmConf parse_slurm_conf(const std::string& text, const std::string& source) {
         c.gpus_per_node = gpus;
     }
     if (c.nodes == 0) {
-        throw ConfigError(fmt::format("{}: no NodeName lines: which nodes does Slurm have?",
-                                      source));
+        throw ConfigError(
+            fmt::format("{}: no NodeName lines: which nodes does Slurm have?", source));
     }
     if (c.scheduler != "sched/backfill" && c.scheduler != "sched/builtin") {
         throw ConfigError(fmt::format(

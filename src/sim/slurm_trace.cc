@@ -75,8 +75,8 @@ JobSpec job_of(const Record& r, const std::string& where, bool gpus) {
                                     j.id, get(r, "Submit")));
     }
     j.submit = parse_slurm_time(get(r, arrive), where + ": field '" + arrive + "'");
-    j.devices = gpus ? std::max(tres_gpus(get(r, "AllocTRES")), tres_gpus(get(r, "ReqTRES")))
-                     : cpus_of(r);
+    j.devices =
+        gpus ? std::max(tres_gpus(get(r, "AllocTRES")), tres_gpus(get(r, "ReqTRES"))) : cpus_of(r);
     if (const auto& tl = get(r, "Timelimit"); !tl.empty()) {
         j.time_limit = parse_slurm_duration(tl, where + ": field 'Timelimit'");
     }
@@ -90,8 +90,8 @@ JobSpec job_of(const Record& r, const std::string& where, bool gpus) {
         j.recorded_start = parse_slurm_time(start, where + ": field 'Start'");
         j.recorded_end = parse_slurm_time(end, where + ": field 'End'");
         if (j.recorded_end < j.recorded_start) {
-            throw DataError(fmt::format("{}: job '{}': End {} is before Start {}", where, j.id, end,
-                                        start));
+            throw DataError(
+                fmt::format("{}: job '{}': End {} is before Start {}", where, j.id, end, start));
         }
         j.runtime = j.recorded_end - j.recorded_start;
     }
@@ -109,8 +109,8 @@ Trace finish(std::vector<std::pair<Record, std::string>> rows, const std::string
              SlurmDevices devices, std::vector<std::string> notes) {
     std::vector<Record> records;
     for (const auto& [r, _] : rows) records.push_back(r);
-    const bool gpus = devices == SlurmDevices::gpus ||
-                      (devices == SlurmDevices::automatic && uses_gpus(records));
+    const bool gpus =
+        devices == SlurmDevices::gpus || (devices == SlurmDevices::automatic && uses_gpus(records));
     Trace t;
     t.source = source;
     t.notes = std::move(notes);
@@ -162,19 +162,41 @@ Trace finish(std::vector<std::pair<Record, std::string>> rows, const std::string
 // jobcomp/filetxt's keys, renamed to sacct's where they differ.
 const std::map<std::string, std::string>& jobcomp_keys() {
     static const std::map<std::string, std::string> k = {
-        {"JobId", "JobID"},         {"UserId", "User"},          {"GroupId", "Group"},
-        {"Name", "JobName"},        {"JobState", "State"},       {"Partition", "Partition"},
-        {"TimeLimit", "Timelimit"}, {"StartTime", "Start"},      {"EndTime", "End"},
-        {"NodeList", "NodeList"},   {"NodeCnt", "NNodes"},       {"ProcCnt", "NCPUS"},
-        {"WorkDir", "WorkDir"},     {"ReservationName", "Reservation"},
-        {"Tres", "AllocTRES"},      {"Account", "Account"},      {"QOS", "QOS"},
-        {"WcKey", "WCKey"},         {"Cluster", "Cluster"},      {"SubmitTime", "Submit"},
-        {"EligibleTime", "Eligible"}, {"DerivedExitCode", "DerivedExitCode"},
-        {"ExitCode", "ExitCode"},   {"ArrayJobId", "ArrayJobId"}, {"ArrayTaskId", "ArrayTaskId"},
-        {"HetJobId", "HetJobId"},   {"HetJobOffset", "HetJobOffset"},
-        {"BlockId", "BlockID"},     {"Connection", "Connection"}, {"Reboot", "Reboot"},
-        {"Rotate", "Rotate"},       {"MaxProcs", "MaxProcs"},    {"Geometry", "Geometry"},
-        {"Start", "Start"},         {"BlockStart", "BlockStart"},
+        {"JobId", "JobID"},
+        {"UserId", "User"},
+        {"GroupId", "Group"},
+        {"Name", "JobName"},
+        {"JobState", "State"},
+        {"Partition", "Partition"},
+        {"TimeLimit", "Timelimit"},
+        {"StartTime", "Start"},
+        {"EndTime", "End"},
+        {"NodeList", "NodeList"},
+        {"NodeCnt", "NNodes"},
+        {"ProcCnt", "NCPUS"},
+        {"WorkDir", "WorkDir"},
+        {"ReservationName", "Reservation"},
+        {"Tres", "AllocTRES"},
+        {"Account", "Account"},
+        {"QOS", "QOS"},
+        {"WcKey", "WCKey"},
+        {"Cluster", "Cluster"},
+        {"SubmitTime", "Submit"},
+        {"EligibleTime", "Eligible"},
+        {"DerivedExitCode", "DerivedExitCode"},
+        {"ExitCode", "ExitCode"},
+        {"ArrayJobId", "ArrayJobId"},
+        {"ArrayTaskId", "ArrayTaskId"},
+        {"HetJobId", "HetJobId"},
+        {"HetJobOffset", "HetJobOffset"},
+        {"BlockId", "BlockID"},
+        {"Connection", "Connection"},
+        {"Reboot", "Reboot"},
+        {"Rotate", "Rotate"},
+        {"MaxProcs", "MaxProcs"},
+        {"Geometry", "Geometry"},
+        {"Start", "Start"},
+        {"BlockStart", "BlockStart"},
     };
     return k;
 }
@@ -187,8 +209,8 @@ double parse_slurm_time(const std::string& text, const std::string& where) {
     if (std::sscanf(text.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d%n", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
                     &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &consumed) != 6 ||
         consumed != int(text.size())) {
-        throw DataError(fmt::format("{}: '{}' is not a Slurm time (YYYY-MM-DDTHH:MM:SS)", where,
-                                    text));
+        throw DataError(
+            fmt::format("{}: '{}' is not a Slurm time (YYYY-MM-DDTHH:MM:SS)", where, text));
     }
     tm.tm_year -= 1900;
     tm.tm_mon -= 1;
@@ -299,9 +321,9 @@ Trace parse_jobcomp(const std::string& text, const std::string& source, SlurmDev
             } else if (!key.empty()) {
                 r[key] += " " + word;
             } else {
-                throw DataError(fmt::format(
-                    "{}: '{}' is not a jobcomp/filetxt field (lines start with JobId=)", where,
-                    word));
+                throw DataError(
+                    fmt::format("{}: '{}' is not a jobcomp/filetxt field (lines start with JobId=)",
+                                where, word));
             }
         }
         if (!r.count("JobID")) {
@@ -328,7 +350,8 @@ long long hostlist_count(const std::string& hostlist, const std::string& where) 
             for (const auto& r : split(name.substr(pos + 1, close - pos - 1), ',')) {
                 const auto dash = r.find('-');
                 const long long a = std::atoll(r.c_str());
-                const long long b = dash == std::string::npos ? a : std::atoll(r.c_str() + dash + 1);
+                const long long b =
+                    dash == std::string::npos ? a : std::atoll(r.c_str() + dash + 1);
                 if (b < a) throw ConfigError(fmt::format("{}: bad range '{}'", where, r));
                 in += b - a + 1;
             }

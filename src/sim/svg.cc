@@ -1,7 +1,6 @@
 #include "sim/svg.h"
 
 #include <fmt/format.h>
-
 #include <spawn.h>
 #include <sys/wait.h>
 
@@ -21,10 +20,10 @@ Svg::Svg(double width, double height) : w_(width), h_(height) {}
 
 void Svg::rect(double x, double y, double w, double h, const std::string& fill,
                const std::string& extra) {
-    body_ += fmt::format("<rect x=\"{:.2f}\" y=\"{:.2f}\" width=\"{:.2f}\" height=\"{:.2f}\" "
-                         "fill=\"{}\"{}{}/>\n",
-                         x, y, std::max(0.0, w), std::max(0.0, h), fill, extra.empty() ? "" : " ",
-                         extra);
+    body_ += fmt::format(
+        "<rect x=\"{:.2f}\" y=\"{:.2f}\" width=\"{:.2f}\" height=\"{:.2f}\" "
+        "fill=\"{}\"{}{}/>\n",
+        x, y, std::max(0.0, w), std::max(0.0, h), fill, extra.empty() ? "" : " ", extra);
 }
 
 void Svg::line(double x1, double y1, double x2, double y2, const std::string& stroke,
@@ -38,8 +37,8 @@ void Svg::line(double x1, double y1, double x2, double y2, const std::string& st
 void Svg::text(double x, double y, const std::string& s, double size, const std::string& anchor,
                const std::string& extra) {
     body_ += fmt::format(
-        "<text x=\"{:.2f}\" y=\"{:.2f}\" font-size=\"{}\" text-anchor=\"{}\"{}{}>{}</text>\n", x,
-        y, size, anchor, extra.empty() ? "" : " ", extra, xml_escape(s));
+        "<text x=\"{:.2f}\" y=\"{:.2f}\" font-size=\"{}\" text-anchor=\"{}\"{}{}>{}</text>\n", x, y,
+        size, anchor, extra.empty() ? "" : " ", extra, xml_escape(s));
 }
 
 void Svg::polyline(const std::vector<std::pair<double, double>>& pts, const std::string& stroke,

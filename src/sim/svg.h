@@ -11,7 +11,7 @@
 namespace apiary::sim {
 
 class Svg {
-public:
+  public:
     Svg(double width, double height);
     void rect(double x, double y, double w, double h, const std::string& fill,
               const std::string& extra = "");
@@ -26,7 +26,7 @@ public:
     double width() const { return w_; }
     double height() const { return h_; }
 
-private:
+  private:
     double w_, h_;
     std::string body_;
 };

@@ -22,9 +22,10 @@ double normal(double u1, double u2) {
 
 Trace synthesize(const SynthOptions& o) {
     if (o.jobs < 1 || o.devices < 1 || o.load <= 0) {
-        throw ConfigError(fmt::format("sim trace: need jobs >= 1, devices >= 1 and load > 0 (got "
-                                      "{}, {}, {})",
-                                      o.jobs, o.devices, o.load));
+        throw ConfigError(
+            fmt::format("sim trace: need jobs >= 1, devices >= 1 and load > 0 (got "
+                        "{}, {}, {})",
+                        o.jobs, o.devices, o.load));
     }
     const long long max_dev = o.max_devices > 0 ? std::min(o.max_devices, o.devices)
                                                 : std::max<long long>(1, o.devices / 4);
@@ -54,8 +55,8 @@ Trace synthesize(const SynthOptions& o) {
         j.where = "synthetic";
         j.submit = std::round(now);
         const double pick = u(1) * total;
-        j.devices = (long long)sizes[size_t(std::lower_bound(cdf.begin(), cdf.end(), pick) -
-                                            cdf.begin())];
+        j.devices =
+            (long long)sizes[size_t(std::lower_bound(cdf.begin(), cdf.end(), pick) - cdf.begin())];
         const double run = o.median_runtime_s * std::exp(o.runtime_sigma * normal(u(2), u(3)));
         j.runtime = std::round(std::clamp(run, 60.0, o.max_runtime_s));
         j.time_limit = std::ceil(j.runtime * (1 + (o.limit_factor - 1) * u(4)) / 60) * 60;

@@ -34,8 +34,8 @@ double cell_number(const Cell& c, double lo, double hi, const char* what) {
         throw DataError(cell_message(c, fmt::format("is not a number ({})", what)));
     }
     if (v < lo) {
-        throw DataError(cell_message(c, fmt::format("is {} ({})", v < 0 ? "negative" : "too small",
-                                                    what)));
+        throw DataError(
+            cell_message(c, fmt::format("is {} ({})", v < 0 ? "negative" : "too small", what)));
     }
     if (v > hi) throw DataError(cell_message(c, fmt::format("is too large ({})", what)));
     return v;
@@ -51,7 +51,8 @@ double cell_integer(const Cell& c, double lo, double hi, const char* what) {
 
 bool cell_bool(const Cell& c) {
     std::string t = c.text;
-    std::transform(t.begin(), t.end(), t.begin(), [](unsigned char ch) { return std::tolower(ch); });
+    std::transform(t.begin(), t.end(), t.begin(),
+                   [](unsigned char ch) { return std::tolower(ch); });
     if (t == "1" || t == "true" || t == "yes") return true;
     if (t == "0" || t == "false" || t == "no") return false;
     throw DataError(cell_message(c, "is not a boolean (0/1, true/false, yes/no)"));

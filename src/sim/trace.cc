@@ -74,9 +74,7 @@ const std::vector<Field>& fields() {
         {{"zero", "ZeRO stage 0-3 (default 0)"},
          [](JobSpec& j, const Cell& c) { j.zero = int(cell_integer(c, 0, 3, "0, 1, 2 or 3")); }},
         {{"micro_batch", "sequences per micro-batch (default 1)"},
-         [](JobSpec& j, const Cell& c) {
-             j.micro_batch = int(cell_integer(c, 1, 1e6, ">= 1"));
-         }},
+         [](JobSpec& j, const Cell& c) { j.micro_batch = int(cell_integer(c, 1, 1e6, ">= 1")); }},
         {{"global_batch", "sequences per optimizer step (default: micro_batch x dp)"},
          [](JobSpec& j, const Cell& c) {
              j.global_batch = (long long)cell_integer(c, 1, 1e12, ">= 1");
@@ -197,8 +195,8 @@ std::string json_text(const nlohmann::json& v) {
 
 void add_json_job(Trace& t, const nlohmann::json& o, const std::string& where) {
     if (!o.is_object()) {
-        throw DataError(fmt::format("{}: expected a JSON object per job, got {}", where,
-                                    o.type_name()));
+        throw DataError(
+            fmt::format("{}: expected a JSON object per job, got {}", where, o.type_name()));
     }
     JobSpec j;
     j.where = where;
@@ -206,8 +204,8 @@ void add_json_job(Trace& t, const nlohmann::json& o, const std::string& where) {
     for (const auto& [k, v] : o.items()) {
         const Field& f = field(k, where);
         if (v.is_null() || v.is_object() || v.is_array()) {
-            throw DataError(fmt::format("{}: field '{}': expected a number, string or boolean",
-                                        where, k));
+            throw DataError(
+                fmt::format("{}: field '{}': expected a number, string or boolean", where, k));
         }
         f.set(j, Cell{json_text(v), where, k});
         given.insert(k);

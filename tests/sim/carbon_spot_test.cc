@@ -102,7 +102,8 @@ TEST(SimCarbon, HoldsUntilTheLowWindow) {
 // Spot capacity: two 4-device nodes in hour 0, none in hour 1, two again
 // in hour 2 (the profile repeats every 3 h), at $1, $1 and $2 per device-hour.
 TEST(SimSpot, ReclaimPreemptsAndThePriceFollowsTheProfile) {
-    std::vector<SimJob> jobs = {test::job("spot", 0, 8, 2 * 3600), test::job("ondemand", 0, 4, 3 * 3600)};
+    std::vector<SimJob> jobs = {test::job("spot", 0, 8, 2 * 3600),
+                                test::job("ondemand", 0, 4, 3 * 3600)};
     jobs[0].spec.spot = true;
     jobs[0].cost.ckpt_interval_s = 1800;  // free checkpoints every 30 min: nothing lost at 1 h
     SimConfig cfg = test::cluster(1, 4);

@@ -44,14 +44,17 @@ std::string data(const std::string& name) {
 
 TEST(SimCli, SyntheticTraceThroughThePolicies) {
     TempDir d;
-    auto r = run_command(sim("trace --jobs 300 --gpus 64xH100-SXM --load 1.2 --spot-frac 0.2 "
-                             "--flexible-frac 0.3 --seed 4 --out " + d / "t.csv"));
+    auto r =
+        run_command(sim("trace --jobs 300 --gpus 64xH100-SXM --load 1.2 --spot-frac 0.2 "
+                        "--flexible-frac 0.3 --seed 4 --out " +
+                        d / "t.csv"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     std::ofstream(d / "spot.csv") << "hour,spot_nodes,spot_price\n0,4,2\n1,2,2.5\n2,0,3\n";
-    r = run_command(sim("cluster --trace " + d / "t.csv" +
-                        " --gpus 64xH100-SXM --spot-profile " + d / "spot.csv" +
+    r = run_command(sim("cluster --trace " + d / "t.csv" + " --gpus 64xH100-SXM --spot-profile " +
+                        d / "spot.csv" +
                         " --policies fifo,backfill,twolevel+preempt,backfill+carbon --failures "
-                        "--set cluster.mtbf_node_hours=500 --json --jobs-out " + d / "jobs.csv"));
+                        "--set cluster.mtbf_node_hours=500 --json --jobs-out " +
+                        d / "jobs.csv"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const auto j = nlohmann::json::parse(r.output);
     EXPECT_EQ(j["cluster"]["devices"], 64);
@@ -94,16 +97,18 @@ TEST(SimCli, PicturesRender) {
     EXPECT_EQ(svg.rfind("<?xml", 0), 0u);
     EXPECT_NE(svg.find("policies side by side"), std::string::npos);
     EXPECT_NE(svg.find("<rect"), std::string::npos);
-    r = run_command(sim("cluster --trace " + d / "t.csv" + " --gpus 16xA100-80GB --svg " +
-                        d / "c.png"));
+    r = run_command(
+        sim("cluster --trace " + d / "t.csv" + " --gpus 16xA100-80GB --svg " + d / "c.png"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(slurp(d / "c.png").substr(1, 3), "PNG");
-    r = run_command(sim("comm --gpus 64xH100-SXM --job 32:all-reduce:256MiB --job "
-                        "16:all-to-all:64MiB --svg " + d / "m.png"));
+    r =
+        run_command(sim("comm --gpus 64xH100-SXM --job 32:all-reduce:256MiB --job "
+                        "16:all-to-all:64MiB --svg " +
+                        d / "m.png"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_EQ(slurp(d / "m.png").substr(1, 3), "PNG");
-    r = run_command(sim("cluster --trace " + d / "t.csv" + " --gpus 16xA100-80GB --svg " +
-                        d / "c.gif"));
+    r = run_command(
+        sim("cluster --trace " + d / "t.csv" + " --gpus 16xA100-80GB --svg " + d / "c.gif"));
     EXPECT_EQ(r.exit_code, 1);
     EXPECT_NE(r.output.find("must end in .svg or .png"), std::string::npos) << r.output;
 }
@@ -112,8 +117,8 @@ TEST(SimCli, PicturesRender) {
 // policy and cluster of its slurm.conf (the live Slurm test is
 // sim_slurm_replay, label slow).
 TEST(SimCli, ReplaysARecordedSlurmLog) {
-    auto r = run_command(sim("cluster --trace " + data("backfill_jobcomp.txt") +
-                             " --slurm-conf " + data("backfill.conf") + " --json"));
+    auto r = run_command(sim("cluster --trace " + data("backfill_jobcomp.txt") + " --slurm-conf " +
+                             data("backfill.conf") + " --json"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     auto j = nlohmann::json::parse(r.output);
     EXPECT_EQ(j["cluster"]["devices"], 4);
@@ -131,18 +136,19 @@ TEST(SimCli, ReplaysARecordedSlurmLog) {
 }
 
 TEST(SimCli, CommReportsEveryPlacement) {
-    const auto r = run_command(sim("comm --gpus 256xH100-SXM --set cluster.topology=fat-tree-2to1 "
-                                   "--job 64:all-reduce:1GiB:ring --job 64:all-to-all:16MiB "
-                                   "--json"));
+    const auto r =
+        run_command(sim("comm --gpus 256xH100-SXM --set cluster.topology=fat-tree-2to1 "
+                        "--job 64:all-reduce:1GiB:ring --job 64:all-to-all:16MiB "
+                        "--json"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const auto j = nlohmann::json::parse(r.output);
     EXPECT_EQ(j["cluster"]["topology"], "fat-tree-2to1");
     ASSERT_EQ(j["results"].size(), 8u);  // 4 placements x 2 jobs
     // Packed on an idle part of the fabric, the ring is the planner's.
     EXPECT_EQ(j["results"][0]["placement"], "packed");
-    EXPECT_NEAR(j["results"][0]["alone_s"].get<double>() /
-                    j["results"][0]["alpha_beta_s"].get<double>(),
-                1.0, 1e-9);
+    EXPECT_NEAR(
+        j["results"][0]["alone_s"].get<double>() / j["results"][0]["alpha_beta_s"].get<double>(),
+        1.0, 1e-9);
 }
 
 TEST(SimCli, ErrorsNameWhatAndWhere) {

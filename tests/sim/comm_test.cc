@@ -54,8 +54,7 @@ TEST(SimComm, OneNodeEqualsTheAlphaBetaFormulas) {
         const double rs = plan::reduce_scatter_s(c, plan::Group{8, 1}, bytes);
         EXPECT_NEAR(simulate_one(f, devs, Op::reduce_scatter, plan::Algo::ring, bytes) / rs, 1.0,
                     1e-9);
-        EXPECT_NEAR(simulate_one(f, devs, Op::all_gather, plan::Algo::ring, bytes) / rs, 1.0,
-                    1e-9);
+        EXPECT_NEAR(simulate_one(f, devs, Op::all_gather, plan::Algo::ring, bytes) / rs, 1.0, 1e-9);
         EXPECT_NEAR(simulate_one(f, devs, Op::all_to_all, plan::Algo::ring, bytes) /
                         alpha_beta_s(c, 8, Op::all_to_all, plan::Algo::ring, bytes),
                     1.0, 1e-9);

@@ -2,6 +2,8 @@
 // records and slurm.conf, profiles; every kind of bad input gets an error
 // naming the file, line and field, or a per-job rejection reason.
 
+#include "sim/trace.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +12,6 @@
 #include "sim/profile.h"
 #include "sim/slurm.h"
 #include "sim/text.h"
-#include "sim/trace.h"
 #include "sim_test_util.h"
 
 namespace apiary::sim {
@@ -30,20 +31,20 @@ std::string error_of(F f) {
 Trace csv(const std::string& text) { return parse_trace(text, "t.csv", TraceFormat::csv); }
 
 TEST(SimTrace, CsvAndJsonReadTheSameJobs) {
-    const Trace c = csv(
-        "# a comment\n"
-        "id,submit,devices,runtime,time_limit,priority,account,spot,flexible,deadline\n"
-        "a,0,8,3600,7200,1,research,0,1,90000\n"
-        "\"b,2\",10.5,1,60,,,,true,,\n");
+    const Trace c =
+        csv("# a comment\n"
+            "id,submit,devices,runtime,time_limit,priority,account,spot,flexible,deadline\n"
+            "a,0,8,3600,7200,1,research,0,1,90000\n"
+            "\"b,2\",10.5,1,60,,,,true,,\n");
     const Trace j = parse_trace(
         "{\"id\": \"a\", \"submit\": 0, \"devices\": 8, \"runtime\": 3600, \"time_limit\": 7200, "
         "\"priority\": 1, \"account\": \"research\", \"spot\": false, \"flexible\": true, "
         "\"deadline\": 90000}\n"
         "{\"id\": \"b,2\", \"submit\": 10.5, \"devices\": 1, \"runtime\": 60, \"spot\": true}\n",
         "t.jsonl", TraceFormat::automatic);
-    const Trace a = parse_trace(
-        "[{\"id\": \"a\", \"submit\": 0, \"devices\": 8, \"runtime\": 3600}]", "t.json",
-        TraceFormat::automatic);
+    const Trace a =
+        parse_trace("[{\"id\": \"a\", \"submit\": 0, \"devices\": 8, \"runtime\": 3600}]", "t.json",
+                    TraceFormat::automatic);
     ASSERT_EQ(c.jobs.size(), 2u);
     ASSERT_EQ(j.jobs.size(), 2u);
     ASSERT_EQ(a.jobs.size(), 1u);
@@ -83,17 +84,21 @@ TEST(SimTrace, BadTracesNameTheLineAndField) {
               "t.csv:3: job id 'a' appears twice");
     EXPECT_NE(error_of([&] { csv("id,submit,devices\na,5,1\n"); }).find("no run time"),
               std::string::npos);
-    EXPECT_NE(error_of([&] { csv("submit,devices,runtime,flexible\n5,1,10,1\n"); })
-                  .find("'flexible' needs a 'deadline'"),
+    EXPECT_NE(error_of([&] {
+                  csv("submit,devices,runtime,flexible\n5,1,10,1\n");
+              }).find("'flexible' needs a 'deadline'"),
               std::string::npos);
-    EXPECT_NE(error_of([&] { csv("submit,devices,runtime,deadline\n50,1,10,20\n"); })
-                  .find("deadline 20 is before its submit time 50"),
+    EXPECT_NE(error_of([&] {
+                  csv("submit,devices,runtime,deadline\n50,1,10,20\n");
+              }).find("deadline 20 is before its submit time 50"),
               std::string::npos);
-    EXPECT_NE(error_of([&] { csv("submit,devices,runtime,spot\n5,1,10,maybe\n"); })
-                  .find("field 'spot': 'maybe' is not a boolean"),
+    EXPECT_NE(error_of([&] {
+                  csv("submit,devices,runtime,spot\n5,1,10,maybe\n");
+              }).find("field 'spot': 'maybe' is not a boolean"),
               std::string::npos);
-    EXPECT_NE(error_of([&] { csv("submit,devices,model,steps\n5,8,gpt9,10\n"); })
-                  .find("field 'model': 'gpt9' unknown model preset"),
+    EXPECT_NE(error_of([&] {
+                  csv("submit,devices,model,steps\n5,8,gpt9,10\n");
+              }).find("field 'model': 'gpt9' unknown model preset"),
               std::string::npos);
     EXPECT_EQ(error_of([&] { csv(""); }), "t.csv: no header line and no jobs");
     EXPECT_NE(error_of([&] {
@@ -101,11 +106,13 @@ TEST(SimTrace, BadTracesNameTheLineAndField) {
                               TraceFormat::json);
               }).find("j.jsonl:1: field 'runtime': expected a number"),
               std::string::npos);
-    EXPECT_NE(error_of([&] { parse_trace("{\"submit\": 1,", "j.jsonl", TraceFormat::json); })
-                  .find("j.jsonl:1: not valid JSON"),
+    EXPECT_NE(error_of([&] {
+                  parse_trace("{\"submit\": 1,", "j.jsonl", TraceFormat::json);
+              }).find("j.jsonl:1: not valid JSON"),
               std::string::npos);
-    EXPECT_NE(error_of([&] { parse_trace("[1, 2]", "j.json", TraceFormat::json); })
-                  .find("j.json: job #1: expected a JSON object per job, got number"),
+    EXPECT_NE(error_of([&] {
+                  parse_trace("[1, 2]", "j.json", TraceFormat::json);
+              }).find("j.json: job #1: expected a JSON object per job, got number"),
               std::string::npos);
 }
 
@@ -116,12 +123,13 @@ TEST(SimSlurm, DurationsTimesAndHostlists) {
     EXPECT_DOUBLE_EQ(parse_slurm_duration("1-02", "x"), 86400 + 7200);
     EXPECT_DOUBLE_EQ(parse_slurm_duration("1-02:03:04", "x"), 86400 + 7384);
     EXPECT_EQ(parse_slurm_duration("UNLIMITED", "x"), kNever);
-    EXPECT_NE(error_of([] { parse_slurm_duration("1:2:3:4", "f:3: field 'Timelimit'"); })
-                  .find("f:3: field 'Timelimit': '1:2:3:4' is not a Slurm duration"),
+    EXPECT_NE(error_of([] {
+                  parse_slurm_duration("1:2:3:4", "f:3: field 'Timelimit'");
+              }).find("f:3: field 'Timelimit': '1:2:3:4' is not a Slurm duration"),
               std::string::npos);
-    EXPECT_DOUBLE_EQ(parse_slurm_time("2026-12-03T05:27:26", "x") -
-                         parse_slurm_time("2026-12-02T05:27:20", "x"),
-                     86406);
+    EXPECT_DOUBLE_EQ(
+        parse_slurm_time("2026-12-03T05:27:26", "x") - parse_slurm_time("2026-12-02T05:27:20", "x"),
+        86406);
     EXPECT_NE(error_of([] { parse_slurm_time("yesterday", "f:2"); }).find("not a Slurm time"),
               std::string::npos);
     EXPECT_EQ(hostlist_count("vm", "x"), 1);
@@ -147,9 +155,9 @@ TEST(SimSlurm, ConfGivesNodesAndScheduler) {
                   parse_slurm_conf("NodeName=a CPUs=4\nNodeName=b CPUs=8\n", "s.conf");
               }).find("s.conf:2: nodes with 8 CPUs"),
               std::string::npos);
-    EXPECT_NE(error_of([] { parse_slurm_conf("ClusterName=x\n", "s.conf"); })
-                  .find("no NodeName lines"),
-              std::string::npos);
+    EXPECT_NE(
+        error_of([] { parse_slurm_conf("ClusterName=x\n", "s.conf"); }).find("no NodeName lines"),
+        std::string::npos);
     EXPECT_NE(error_of([] {
                   parse_slurm_conf("SchedulerType=sched/wiki\nNodeName=a CPUs=1\n", "s.conf");
               }).find("sched/wiki is not one the simulator models"),
@@ -175,8 +183,9 @@ TEST(SimSlurm, JobcompLogOfARealRun) {
     EXPECT_DOUBLE_EQ(j1.runtime, 8);
     EXPECT_EQ(j1.state, "COMPLETED");
     EXPECT_EQ(t.jobs[1].devices, 4);
-    EXPECT_NE(error_of([] { parse_jobcomp("Foo=1 JobId=2\n", "j.log", SlurmDevices::cpus); })
-                  .find("j.log:1: 'Foo=1' is not a jobcomp/filetxt field"),
+    EXPECT_NE(error_of([] {
+                  parse_jobcomp("Foo=1 JobId=2\n", "j.log", SlurmDevices::cpus);
+              }).find("j.log:1: 'Foo=1' is not a jobcomp/filetxt field"),
               std::string::npos);
 }
 
@@ -262,13 +271,12 @@ TEST(SimJobModel, PlannerGivesWorkMemoryAndCheckpoints) {
     JobModel m(base, plan::cluster_from(base, 64), 3600);
     JobSpec j;
     j.where = "t.csv:2";
-    j.devices = 64, j.model = "gpt2-350m", j.steps = 1000, j.global_batch = 256,
-    j.seq_len = 1024;
+    j.devices = 64, j.model = "gpt2-350m", j.steps = 1000, j.global_batch = 256, j.seq_len = 1024;
     const JobCost c = m.cost(j);
     ASSERT_EQ(c.reject, "");
-    const auto in = plan::plan_input(test::config(
-        {"cluster.device=H100-SXM", "cluster.gpus=64", "model.preset=gpt2-350m",
-         "plan.global_batch=256", "train.seq_len=1024", "train.batch_size=1"}));
+    const auto in = plan::plan_input(
+        test::config({"cluster.device=H100-SXM", "cluster.gpus=64", "model.preset=gpt2-350m",
+                      "plan.global_batch=256", "train.seq_len=1024", "train.batch_size=1"}));
     const plan::Plan p = plan::evaluate(in.w, in.l, in.c);
     EXPECT_DOUBLE_EQ(c.step_s, p.st.total);
     EXPECT_DOUBLE_EQ(c.work_s, 1000 * p.st.total);

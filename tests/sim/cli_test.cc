@@ -135,6 +135,34 @@ TEST(SimCli, ReplaysARecordedSlurmLog) {
     EXPECT_FALSE(j["replay"]["fifo"]["same_start_order"].get<bool>());
 }
 
+// Jobs given as a model and a layout: the planner times them, and one
+// that does not fit in memory is rejected with its reason.
+TEST(SimCli, ModelJobsAreTimedByThePlanner) {
+    TempDir d;
+    std::ofstream(d / "m.csv") << "id,submit,devices,model,tp,pp,global_batch,seq_len,steps\n"
+                                  "small,0,64,gpt2-350m,1,1,256,1024,2000\n"
+                                  "huge,0,8,gpt3-175b,8,1,8,2048,10\n";
+    auto r =
+        run_command(sim("cluster --trace " + d / "m.csv" +
+                        " --gpus 64xH100-SXM --policies fifo --json --jobs-out " + d / "j.json"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto j = nlohmann::json::parse(r.output);
+    ASSERT_EQ(j["rejected"].size(), 1u);
+    EXPECT_EQ(j["rejected"][0]["id"], "huge");
+    EXPECT_NE(j["rejected"][0]["reason"].get<std::string>().find("does not fit in device memory"),
+              std::string::npos);
+    const auto jobs = nlohmann::json::parse(slurp(d / "j.json"));
+    const auto& small = jobs["fifo"][0];
+    // 2000 steps at the planner's step time, from `apiary plan` itself.
+    r = run_command(apiary::testing::apiary_bin() +
+                    " plan --model gpt2-350m --gpus 64xH100-SXM --global-batch 256 --set "
+                    "train.seq_len=1024 --set train.batch_size=1 --json");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const double step = nlohmann::json::parse(r.output)["step_time_s"].get<double>();
+    EXPECT_NEAR(small["end"].get<double>() - small["start"].get<double>(), 2000 * step,
+                1e-6 * 2000 * step);
+}
+
 TEST(SimCli, CommReportsEveryPlacement) {
     const auto r =
         run_command(sim("comm --gpus 256xH100-SXM --set cluster.topology=fat-tree-2to1 "

@@ -162,6 +162,26 @@ TEST(SimComm, AllToAllPaysTheTaper) {
     EXPECT_NEAR(a2a / alpha_beta_s(c, 128, Op::all_to_all, plan::Algo::ring, bytes), 0.93, 0.01);
 }
 
+// Dragonfly+: four groups of 16 devices, the global links of a group
+// tapered 2:1 and split over the three other groups (16 x NIC x 0.5 / 3
+// each way). An all-to-all over all 64 devices sends 16 x 16/64 S between
+// each pair of groups: 1.5 S / NIC on its global link, where a NIC carries
+// only 56/64 S. A ring between two groups crosses them with one flow a step.
+TEST(SimComm, DragonflyGlobalLinksLimitAllToAll) {
+    plan::Cluster c = cluster_of("H100-SXM", 64, "dragonfly+");
+    c.topo = plan::Topology{"dragonfly+", {{"group", 16, 1.0, 1e-6}, {"global", 0, 0.5, 3e-6}}, ""};
+    const Fabric f(c);
+    const double bytes = 64e6, nic = c.inter.bw * c.inter.efficiency;
+    const FlowStats a2a = simulate_flows(
+        f, {collective_steps(f, range(0, 64), Op::all_to_all, plan::Algo::ring, bytes)});
+    EXPECT_NEAR(a2a.finish_s[0], c.inter.latency + 3e-6 + 1.5 * bytes / nic, 1e-12);
+    EXPECT_EQ(a2a.hottest_switch.rfind("global group", 0), 0u) << a2a.hottest_switch;
+    EXPECT_NEAR(a2a.hottest_switch_peak, 1.0, 1e-9);
+    // One rank per node on nodes 0 and 2 (groups 0 and 1): the NIC's full bandwidth.
+    const double ring = simulate_one(f, {0, 16}, Op::all_reduce, plan::Algo::ring, bytes);
+    EXPECT_NEAR(ring, 2 * (c.inter.latency + 3e-6 + bytes / 2 / nic), 1e-12);
+}
+
 TEST(SimComm, PlacementsKeepJobsApartAsPromised) {
     const plan::Cluster c = cluster_of("H100-SXM", 1024, "fat-tree-2to1");
     const Fabric f(c);

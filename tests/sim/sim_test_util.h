@@ -1,10 +1,11 @@
 #pragma once
 // Helpers for the simulator tests: jobs built directly (a runtime, no
-// planner), small clusters, and the schema the planner needs.
+// planner), small clusters, and configs of the planner's schema.
 
 #include <string>
 #include <vector>
 
+#include "../plan/test_util.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "plan/planner.h"
@@ -12,18 +13,9 @@
 
 namespace apiary::sim::test {
 
-inline const core::Schema& schema() {
-    static const core::Schema s = [] {
-        core::Schema x;
-        core::add_shared_keys(x);
-        plan::add_keys(x);
-        return x;
-    }();
-    return s;
-}
-
+// A config of the planner's schema (the CLI's, less the trainer's keys).
 inline core::Config config(const std::vector<std::string>& sets) {
-    core::Config c(schema());
+    core::Config c(plan::test::schema());
     for (const auto& s : sets) c.set(s);
     return c;
 }

@@ -85,6 +85,7 @@ struct Row {  // one job under one placement
 };
 
 std::vector<sim::Step> repeat(const std::vector<sim::Step>& s, int times) {
+    if (times == 1) return s;
     std::vector<sim::Step> out;
     for (int i = 0; i < times; ++i) out.insert(out.end(), s.begin(), s.end());
     return out;

@@ -98,7 +98,8 @@ void ring_steps(const Fabric& f, const std::vector<Devs>& rs, double chunk, size
         }
     }
     s.latency = latency_of(f, s.transfers);
-    for (size_t i = 0; i < count; ++i) out.push_back(s);
+    s.times = (long long)count;
+    if (count > 0) out.push_back(std::move(s));
 }
 
 void ring(const Fabric& f, const Devs& devices, Op op, double bytes, std::vector<Step>& out) {

@@ -29,6 +29,7 @@ class Sim {
           peak_(f.links(), 0) {
         stats_.finish_s.assign(jobs.size(), 0);
         next_step_.assign(jobs.size(), 0);
+        done_times_.assign(jobs.size(), 0);
         open_.assign(jobs.size(), 0);
     }
 
@@ -44,10 +45,12 @@ class Sim {
             // Flows of one step end together in exact arithmetic; finish
             // those within rounding of the earliest in the same event.
             const double eps = 1e-12 * std::max(1.0, now_);
-            std::vector<int> ended;
+            std::vector<int>& ended = ended_;
+            ended.clear();
             for (size_t i = 0; i < flows_.size();) {
                 if (flows_[i].left <= flows_[i].rate * eps || flows_[i].left <= 0) {
                     ended.push_back(flows_[i].job);
+                    live_path_ -= size_t(flows_[i].path_len);
                     flows_[i] = flows_.back();
                     flows_.pop_back();
                     dirty_ = true;
@@ -75,7 +78,12 @@ class Sim {
     void begin_step(int j) {
         const auto& steps = jobs_[size_t(j)];
         size_t& s = next_step_[size_t(j)];
-        while (s < steps.size() && steps[s].transfers.empty() && steps[s].latency == 0) ++s;
+        // A step that has run all its times gives way to the next.
+        while (s < steps.size() && (done_times_[size_t(j)] >= steps[s].times ||
+                                    (steps[s].transfers.empty() && steps[s].latency == 0))) {
+            ++s;
+            done_times_[size_t(j)] = 0;
+        }
         if (s >= steps.size()) {
             stats_.finish_s[size_t(j)] = now_;
             return;
@@ -84,19 +92,22 @@ class Sim {
     }
 
     void start_transfers(int j) {
-        const Step& st = jobs_[size_t(j)][next_step_[size_t(j)]++];
+        const Step& st = jobs_[size_t(j)][next_step_[size_t(j)]];
+        ++done_times_[size_t(j)];
         for (const Transfer& t : st.transfers) {
             if (t.bytes <= 0 || t.src == t.dst) continue;
             Flow fl{j, int(paths_.size()), 0, t.bytes};
             f_.route(t.src, t.dst, paths_);
             fl.path_len = int(paths_.size()) - fl.path_begin;
+            live_path_ += size_t(fl.path_len);
             flows_.push_back(fl);
             ++open_[size_t(j)];
             ++stats_.flows;
             dirty_ = true;
         }
         if (open_[size_t(j)] == 0) begin_step(j);  // nothing to send: the step is its latency
-        if (paths_.size() > (size_t(1) << 24)) compact_paths();
+        // Paths of ended flows are garbage: drop them once they dominate.
+        if (paths_.size() > 4 * live_path_ + (size_t(1) << 20)) compact_paths();
     }
 
     // Max-min fair rates by progressive filling: the links with the
@@ -114,7 +125,8 @@ class Sim {
                 }
             }
         }
-        std::vector<char> fixed(flows_.size(), 0);
+        std::vector<char>& fixed = fixed_;
+        fixed.assign(flows_.size(), 0);
         size_t left = flows_.size();
         while (left > 0) {
             double share = kInf;
@@ -166,7 +178,8 @@ class Sim {
     }
 
     void compact_paths() {
-        std::vector<int> p;
+        std::vector<int>& p = spare_paths_;  // reused: no allocation once grown
+        p.clear();
         for (Flow& fl : flows_) {
             const int b = int(p.size());
             p.insert(p.end(), paths_.begin() + fl.path_begin,
@@ -199,6 +212,7 @@ class Sim {
     std::vector<Flow> flows_;
     std::vector<int> paths_;
     std::vector<size_t> next_step_;
+    std::vector<long long> done_times_;  // runs of the current step started
     std::vector<int> open_;
     std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>>
         waiting_;
@@ -207,6 +221,9 @@ class Sim {
     std::vector<int> used_;
     std::vector<double> bytes_;
     std::vector<double> peak_;
+    size_t live_path_ = 0;  // path entries of flows still running
+    std::vector<int> spare_paths_, ended_;
+    std::vector<char> fixed_;
 };
 
 }  // namespace

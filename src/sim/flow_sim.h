@@ -21,6 +21,7 @@ struct Transfer {
 struct Step {
     double latency = 0;  // before the transfers start (alpha, or alpha x depth for a tree)
     std::vector<Transfer> transfers;
+    long long times = 1;  // the step runs this many times in a row (a ring's 2(n-1) steps)
 };
 
 struct FlowStats {

@@ -7,7 +7,7 @@
 # it back with `sacct --completion --parsable2`. Then `apiary sim cluster`
 # replays both records under the policy slurm.conf names, and the test
 # checks that the simulated start and end orders are Slurm's and every
-# start and end is within 1 s per scheduling wave of Slurm's (see compare);
+# start and end is within 2 s per scheduling wave of Slurm's (see compare);
 # replaying each record under the other policy must fail that check.
 #   slurm_replay_test.sh <apiary binary>
 # Exit 0: replays match; 77: skipped (not root). Needs slurm-wlm, munge and
@@ -29,9 +29,11 @@ stop_slurm() {
     for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
     pids=()
 }
+munge_pid=
 cleanup() {
     stop_slurm
-    if [ -n "${KEEP:-}" ]; then echo "kept $work"; else rm -rf "$work"; fi
+    if [ -n "$munge_pid" ]; then kill "$munge_pid" 2>/dev/null || true; wait "$munge_pid" 2>/dev/null || true; fi
+    if [ -n "${KEEP:-}" ]; then echo "kept $work"; else rm -rf "$work" || true; fi
 }
 trap cleanup EXIT
 
@@ -135,12 +137,13 @@ replay() {  # replay <dir> <record file> <policy> -> <record>.<policy>.csv
 }
 
 # Compares a replay with Slurm's record: the start order and the end order
-# the same (jobs starting in the same second in either order), and every
-# start and end within 1 s per scheduling wave up to it. A wave is a second
-# in which Slurm started jobs; each wave adds Slurm's controller latency
-# (a job's end, its epilog, then the controller's next one-second tick: 1-2 s
-# here), which the simulator replaces by its mean over the record, so each
-# wave may add up to a second of drift.
+# the same for jobs more than 2 s apart in the record (its whole seconds and
+# Slurm's reaction cannot order closer ones), and every start and end
+# within 2 s per scheduling wave up to it. A wave is a second
+# in which Slurm started jobs. Each adds Slurm's reaction (its controller's
+# next tick after an arrival, or after a job's end and epilog), seen here
+# between 0 and 3 s in whole seconds, where the replay adds its mean over
+# the record; so each wave may add up to about 2 s of drift either way.
 # Exit 1 when they differ (the negative controls expect that).
 compare() {  # compare <jobs csv>
     python3 - "$1" <<'PY'
@@ -152,19 +155,25 @@ rec_e = {r["id"]: float(r["recorded_end"]) for r in rows}
 sim_s = {r["id"]: float(r["start"]) for r in rows}
 sim_e = {r["id"]: float(r["end"]) for r in rows}
 waves = sorted(set(rec_s.values()))
-def same_order(a, b):  # no pair of jobs in opposite strict order
-    return all(not (a[x] < a[y] and b[x] > b[y]) for x in a for y in a)
+def order_breaks(a, b):  # pairs more than 2 s apart in a, in the other order in b
+    return [(x, y) for x in a for y in a if a[x] + 2 < a[y] and b[x] > b[y]]
+problems = [f"start order: Slurm starts job {x} before job {y}, the replay after"
+            for x, y in order_breaks(rec_s, sim_s)]
+problems += [f"end order: Slurm ends job {x} before job {y}, the replay after"
+             for x, y in order_breaks(rec_e, sim_e)]
 worst = 0.0
-ok = same_order(rec_s, sim_s) and same_order(rec_e, sim_e)
 for j in rec_s:
-    tol = 1 + waves.index(rec_s[j])
+    tol = 2 * (1 + waves.index(rec_s[j]))
     err = max(abs(sim_s[j] - rec_s[j]), abs(sim_e[j] - rec_e[j]))
     worst = max(worst, err / tol)
-    ok = ok and err <= tol
-    print(f"  job {j}: Slurm {rec_s[j]:.0f}-{rec_e[j]:.0f}, simulated {sim_s[j]:.0f}-{sim_e[j]:.0f}, "
+    if err > tol:
+        problems.append(f"job {j} is {err:.1f} s off (tolerance {tol} s)")
+    print(f"  job {j}: Slurm {rec_s[j]:.0f}-{rec_e[j]:.0f}, simulated {sim_s[j]:.1f}-{sim_e[j]:.1f}, "
           f"tolerance {tol} s")
-print(f"  orders {'match' if ok else 'differ'}; worst error {worst:.2f} of its tolerance")
-sys.exit(0 if ok else 1)
+for p in problems[:3]:
+    print(f"  differs: {p}")
+print(f"  {'match' if not problems else 'no match'}; worst error {worst:.2f} of its tolerance")
+sys.exit(1 if problems else 0)
 PY
 }
 
@@ -193,5 +202,4 @@ for pair in "backfill fifo" "builtin backfill"; do
         exit 1
     fi
 done
-kill "$munge_pid" 2>/dev/null || true
-echo "slurm_replay_test: both records replay in Slurm's order, within 1 s per scheduling wave"
+echo "slurm_replay_test: both records replay in Slurm's order, within 2 s per scheduling wave"

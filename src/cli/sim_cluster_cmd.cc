@@ -132,18 +132,26 @@ std::vector<std::string> policy_list(const Options& o, const sim::SlurmConf& slu
     return {"fifo", "backfill", "twolevel"};
 }
 
-void print_text(const Options& o, const sim::Trace& trace, const std::vector<sim::SimJob>& jobs,
-                const sim::SimConfig& c, const plan::Cluster& pc,
-                const std::vector<sim::Summary>& sums,
-                const std::vector<std::pair<std::string, sim::ReplayCheck>>& checks) {
+// Everything one `sim cluster` run produced, for its outputs.
+struct Outcome {
+    sim::Trace trace;
+    plan::Cluster pc;
+    sim::SimConfig c;
+    std::vector<sim::SimJob> jobs;
+    std::vector<sim::SimResult> results;
+    std::vector<sim::Summary> sums;
+    std::vector<std::pair<std::string, sim::ReplayCheck>> checks;
+};
+
+void print_text(const Options& o, const Outcome& r) {
     fmt::print("trace {}: {} jobs; cluster: {} nodes x {} {} ({} devices)", o.trace,
-               trace.jobs.size(), c.nodes, c.per_node, pc.dev.name, c.devices());
-    if (c.spot_nodes_max > 0) fmt::print(" + spot up to {} nodes", c.spot_nodes_max);
+               r.trace.jobs.size(), r.c.nodes, r.c.per_node, r.pc.dev.name, r.c.devices());
+    if (r.c.spot_nodes_max > 0) fmt::print(" + spot up to {} nodes", r.c.spot_nodes_max);
     fmt::print("\n");
-    if (c.latency_s > 0) fmt::print("scheduler latency: {:.3g} s\n", c.latency_s);
-    for (const auto& n : trace.notes) fmt::print("note: {}\n", n);
+    if (r.c.latency_s > 0) fmt::print("scheduler latency: {:.3g} s\n", r.c.latency_s);
+    for (const auto& n : r.trace.notes) fmt::print("note: {}\n", n);
     size_t rejected = 0;
-    for (const auto& j : jobs) {
+    for (const auto& j : r.jobs) {
         if (j.reject.empty()) continue;
         if (++rejected <= 10) {
             fmt::print("rejected: job '{}' ({}): {}\n", j.spec.id, j.spec.where, j.reject);
@@ -152,8 +160,8 @@ void print_text(const Options& o, const sim::Trace& trace, const std::vector<sim
     if (rejected > 10) {
         fmt::print("rejected: {} more (every reason is in --jobs-out)\n", rejected - 10);
     }
-    fmt::print("\n{}", sim::summary_table(sums));
-    for (const auto& s : sums) {
+    fmt::print("\n{}", sim::summary_table(r.sums));
+    for (const auto& s : r.sums) {
         fmt::print("{}: {} events in {:.3f} s ({:.3g} events/s){}\n", s.policy, s.events, s.wall_s,
                    s.wall_s > 0 ? double(s.events) / s.wall_s : 0.0,
                    s.node_failures + s.spot_reclaims > 0
@@ -161,7 +169,7 @@ void print_text(const Options& o, const sim::Trace& trace, const std::vector<sim
                                      s.node_failures, s.spot_reclaims, s.preemptions)
                        : "");
     }
-    for (const auto& [policy, ch] : checks) {
+    for (const auto& [policy, ch] : r.checks) {
         fmt::print(
             "\nreplay under {}: {} jobs; start order {}, end order {}; max |start - Slurm's| "
             "{:.3g} s, max |end - Slurm's| {:.3g} s, mean |start error| {:.3g} s\n",
@@ -173,74 +181,81 @@ void print_text(const Options& o, const sim::Trace& trace, const std::vector<sim
     }
 }
 
-void run(const Options& o) {
-    core::Config cfg = resolve_sim_config(o.cluster);
-    const sim::Trace trace = sim::read_trace(o.trace, sim::parse_trace_format(o.trace_format),
-                                             sim::parse_slurm_devices(o.slurm_devices));
-    sim::SlurmConf slurm;
-    size_cluster(o, trace, cfg, &slurm);
-    std::vector<sim::Policy> policies;
-    bool replay = false;
-    for (const auto& j : trace.jobs) replay |= j.recorded_start >= 0;
-    for (const auto& name : policy_list(o, slurm, replay))
-        policies.push_back(sim::parse_policy(name));
-    const plan::Cluster pc = plan::cluster_from(cfg, cfg.get_int("cluster.gpus"));
-    sim::JobModel model(cfg, pc, o.ckpt_interval_s);
-    sim::SimConfig c = sim_config(o, pc, model, slurm);
-    if (o.latency == "auto") c.latency_s = sim::record_latency_s(trace);
-    const std::vector<sim::SimJob> jobs = sim::prepare_jobs(trace, model, c);
-    std::vector<sim::SimResult> results;
-    std::vector<sim::Summary> sums;
-    std::vector<std::pair<std::string, sim::ReplayCheck>> checks;
-    for (const auto& p : policies) {
-        results.push_back(sim::simulate(jobs, c, p));
-        sums.push_back(sim::summarize(jobs, results.back()));
-        if (replay) checks.emplace_back(p.name, sim::check_replay(jobs, results.back()));
-    }
+void write_files(const Options& o, const Outcome& r) {
     if (!o.jobs_out.empty()) {
         std::ostringstream s;
         if (o.jobs_out.ends_with(".json")) {
             nlohmann::json j;
-            for (const auto& r : results) j[r.policy] = sim::jobs_json(jobs, r);
+            for (const auto& x : r.results) j[x.policy] = sim::jobs_json(r.jobs, x);
             s << j.dump(1) << "\n";
         } else {
-            sim::write_jobs_csv(jobs, results, s);
+            sim::write_jobs_csv(r.jobs, r.results, s);
         }
         write_file_atomically(o.jobs_out, s.str(), "--jobs-out");
     }
     if (!o.series_out.empty()) {
         std::ostringstream s;
-        sim::write_series_csv(results, s);
+        sim::write_series_csv(r.results, s);
         write_file_atomically(o.series_out, s.str(), "--series-out");
     }
     if (!o.svg.empty()) {
         const std::string title = fmt::format("{}: {} jobs on {} x {}",
                                               std::filesystem::path(o.trace).filename().string(),
-                                              jobs.size(), c.devices(), pc.dev.name);
-        sim::write_picture(sim::cluster_svg(results, sums, c, title), o.svg);
+                                              r.jobs.size(), r.c.devices(), r.pc.dev.name);
+        sim::write_picture(sim::cluster_svg(r.results, r.sums, r.c, title), o.svg);
     }
-    if (o.json) {
-        nlohmann::json j;
-        j["trace"] = {{"file", o.trace}, {"jobs", trace.jobs.size()}, {"notes", trace.notes}};
-        j["cluster"] = {{"device", pc.dev.name},
-                        {"nodes", c.nodes},
-                        {"devices_per_node", c.per_node},
-                        {"devices", c.devices()},
-                        {"spot_nodes_max", c.spot_nodes_max},
-                        {"latency_s", c.latency_s}};
-        j["rejected"] = nlohmann::json::array();
-        for (const auto& x : jobs) {
-            if (!x.reject.empty()) {
-                j["rejected"].push_back(
-                    {{"id", x.spec.id}, {"where", x.spec.where}, {"reason", x.reject}});
-            }
+}
+
+void print_json(const Options& o, const Outcome& r) {
+    nlohmann::json j;
+    j["trace"] = {{"file", o.trace}, {"jobs", r.trace.jobs.size()}, {"notes", r.trace.notes}};
+    j["cluster"] = {{"device", r.pc.dev.name},
+                    {"nodes", r.c.nodes},
+                    {"devices_per_node", r.c.per_node},
+                    {"devices", r.c.devices()},
+                    {"spot_nodes_max", r.c.spot_nodes_max},
+                    {"latency_s", r.c.latency_s}};
+    j["rejected"] = nlohmann::json::array();
+    for (const auto& x : r.jobs) {
+        if (!x.reject.empty()) {
+            j["rejected"].push_back(
+                {{"id", x.spec.id}, {"where", x.spec.where}, {"reason", x.reject}});
         }
-        for (const auto& s : sums) j["policies"].push_back(sim::to_json(s));
-        for (const auto& [p, ch] : checks) j["replay"][p] = sim::to_json(ch);
-        fmt::print("{}\n", j.dump(2));
-        return;
     }
-    print_text(o, trace, jobs, c, pc, sums, checks);
+    for (const auto& s : r.sums) j["policies"].push_back(sim::to_json(s));
+    for (const auto& [p, ch] : r.checks) j["replay"][p] = sim::to_json(ch);
+    fmt::print("{}\n", j.dump(2));
+}
+
+void run(const Options& o) {
+    core::Config cfg = resolve_sim_config(o.cluster);
+    Outcome r;
+    r.trace = sim::read_trace(o.trace, sim::parse_trace_format(o.trace_format),
+                              sim::parse_slurm_devices(o.slurm_devices));
+    sim::SlurmConf slurm;
+    size_cluster(o, r.trace, cfg, &slurm);
+    bool replay = false;
+    for (const auto& j : r.trace.jobs) replay |= j.recorded_start >= 0;
+    std::vector<sim::Policy> policies;
+    for (const auto& name : policy_list(o, slurm, replay)) {
+        policies.push_back(sim::parse_policy(name));
+    }
+    r.pc = plan::cluster_from(cfg, cfg.get_int("cluster.gpus"));
+    sim::JobModel model(cfg, r.pc, o.ckpt_interval_s);
+    r.c = sim_config(o, r.pc, model, slurm);
+    if (o.latency == "auto") r.c.latency_s = sim::record_latency_s(r.trace);
+    r.jobs = sim::prepare_jobs(r.trace, model, r.c);
+    for (const auto& p : policies) {
+        r.results.push_back(sim::simulate(r.jobs, r.c, p));
+        r.sums.push_back(sim::summarize(r.jobs, r.results.back()));
+        if (replay) r.checks.emplace_back(p.name, sim::check_replay(r.jobs, r.results.back()));
+    }
+    write_files(o, r);
+    if (o.json) {
+        print_json(o, r);
+    } else {
+        print_text(o, r);
+    }
 }
 
 }  // namespace

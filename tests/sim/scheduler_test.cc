@@ -198,6 +198,19 @@ TEST(SimScheduler, LatencyDelaysArrivalsAndReleases) {
     EXPECT_DOUBLE_EQ(r.jobs[1].start - jobs[1].spec.submit, 7);  // the wait counts it
 }
 
+// At the horizon the simulation stops: a run still going is accounted up to
+// it and its job is reported unfinished; a job that never started too.
+TEST(SimScheduler, HorizonStopsWithUnfinishedJobs) {
+    std::vector<SimJob> jobs = {test::job("long", 0, 2, 10 * 3600), test::job("next", 0, 2, 60)};
+    SimConfig cfg = test::cluster(1, 2);
+    cfg.horizon_s = 5 * 3600;
+    const SimResult r = simulate(jobs, cfg, parse_policy("fifo"));
+    EXPECT_EQ(r.jobs[0].state, JobState::unfinished);
+    EXPECT_DOUBLE_EQ(r.jobs[0].device_s, 2 * 5 * 3600.0);
+    EXPECT_EQ(r.jobs[1].state, JobState::unfinished);
+    EXPECT_LT(r.jobs[1].start, 0);
+}
+
 TEST(SimScheduler, PolicyNamesAreChecked) {
     EXPECT_TRUE(parse_policy("twolevel+preempt+carbon").preempt);
     EXPECT_THROW(parse_policy("lifo"), ConfigError);

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cstring>
@@ -43,7 +44,11 @@ void write_all(int fd, const void* p, size_t n, const std::string& path) {
 
 }  // namespace
 
-static void atomic_write_parts(const std::string& path, const std::vector<std::pair<const void*, size_t>>& parts) {
+static FileDigest atomic_write_parts(const std::string& path,
+                                     const std::vector<std::pair<const void*, size_t>>& parts) {
+    XXH64_state_t* state = XXH64_createState();
+    XXH64_reset(state, 0);
+    FileDigest digest;
     const fs::path target(path);
     const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
     const std::string tmp = (dir / fmt::format(".{}.tmp", target.filename().string())).string();
@@ -52,15 +57,22 @@ static void atomic_write_parts(const std::string& path, const std::vector<std::p
         throw IoError(fmt::format("{}: cannot create: {}", tmp, std::strerror(errno)));
     }
     try {
-        for (const auto& [p, n] : parts) write_all(fd, p, n, tmp);
+        for (const auto& [p, n] : parts) {
+            write_all(fd, p, n, tmp);
+            XXH64_update(state, p, n);
+            digest.bytes += n;
+        }
         if (::fsync(fd) != 0) {
             throw IoError(fmt::format("{}: fsync failed: {}", tmp, std::strerror(errno)));
         }
     } catch (...) {
+        XXH64_freeState(state);
         ::close(fd);
         ::unlink(tmp.c_str());
         throw;
     }
+    digest.xxh64 = XXH64_digest(state);
+    XXH64_freeState(state);
     ::close(fd);
     if (::rename(tmp.c_str(), path.c_str()) != 0) {
         ::unlink(tmp.c_str());
@@ -71,20 +83,47 @@ static void atomic_write_parts(const std::string& path, const std::vector<std::p
         ::fsync(dfd);
         ::close(dfd);
     }
+    return digest;
 }
 
-void atomic_write(const std::string& path, const void* bytes, size_t n) {
-    atomic_write_parts(path, {{bytes, n}});
+FileDigest atomic_write(const std::string& path, const void* bytes, size_t n) {
+    return atomic_write_parts(path, {{bytes, n}});
 }
 
-void write_safetensors(const std::string& path, const std::vector<TensorEntry>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+FileDigest digest_file(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw IoError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+    XXH64_state_t* state = XXH64_createState();
+    XXH64_reset(state, 0);
+    FileDigest d;
+    std::vector<char> buf(size_t(4) << 20);
+    for (;;) {
+        const ssize_t n = ::read(fd, buf.data(), buf.size());
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            const int err = errno;
+            XXH64_freeState(state);
+            ::close(fd);
+            throw IoError(fmt::format("{}: read failed: {}", path, std::strerror(err)));
+        }
+        if (n == 0) break;
+        XXH64_update(state, buf.data(), size_t(n));
+        d.bytes += uint64_t(n);
+    }
+    d.xxh64 = XXH64_digest(state);
+    XXH64_freeState(state);
+    ::close(fd);
+    return d;
+}
+
+FileDigest write_safetensors(const std::string& path, const std::vector<TensorEntry>& tensors,
+                             const std::map<std::string, std::string>& metadata) {
     json header = json::object();
     if (!metadata.empty()) header["__metadata__"] = metadata;
     size_t offset = 0;
     for (const auto& t : tensors) {
-        header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape},
-                          {"data_offsets", {offset, offset + t.nbytes}}};
+        header[t.name] = {
+            {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.nbytes}}};
         offset += t.nbytes;
     }
     std::string h = header.dump();
@@ -93,41 +132,47 @@ void write_safetensors(const std::string& path, const std::vector<TensorEntry>& 
     const uint64_t hlen = h.size();
     std::vector<std::pair<const void*, size_t>> parts = {{&hlen, 8}, {h.data(), h.size()}};
     for (const auto& t : tensors) parts.emplace_back(t.data, t.nbytes);
-    atomic_write_parts(path, parts);
+    return atomic_write_parts(path, parts);
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+SafetensorsFile::SafetensorsFile(const std::string& path, bool header_only) : path_(path) {
     std::ifstream in(path, std::ios::binary | std::ios::ate);
     if (!in) throw IoError(fmt::format("{}: cannot open", path));
     const auto size = size_t(in.tellg());
     if (size < 8) {
         throw IoError(fmt::format("{}: {} bytes is too short for a safetensors file", path, size));
     }
-    bytes_.resize(size);
-    in.seekg(0);
-    in.read(reinterpret_cast<char*>(bytes_.data()), std::streamsize(size));
-    if (!in) throw IoError(fmt::format("{}: read failed", path));
     uint64_t hlen = 0;
-    std::memcpy(&hlen, bytes_.data(), 8);
+    in.seekg(0);
+    in.read(reinterpret_cast<char*>(&hlen), 8);
+    if (!in) throw IoError(fmt::format("{}: read failed", path));
+    const size_t keep = header_only ? size_t(8 + std::min<uint64_t>(hlen, size - 8)) : size;
+    bytes_.resize(keep);
+    in.seekg(0);
+    in.read(reinterpret_cast<char*>(bytes_.data()), std::streamsize(keep));
+    if (!in) throw IoError(fmt::format("{}: read failed", path));
+    header_only_ = header_only;
     if (hlen > size - 8 || hlen > (100u << 20)) {
-        throw IoError(fmt::format("{}: header length {} at byte 0 exceeds the file ({} bytes): "
-                                  "not a safetensors file, or truncated",
-                                  path, hlen, size));
+        throw IoError(
+            fmt::format("{}: header length {} at byte 0 exceeds the file ({} bytes): "
+                        "not a safetensors file, or truncated",
+                        path, hlen, size));
     }
     data_start_ = 8 + hlen;
     json header;
     try {
         header = json::parse(bytes_.begin() + 8, bytes_.begin() + long(data_start_));
     } catch (const json::parse_error& e) {
-        throw IoError(fmt::format("{}: header is not valid JSON (byte {}): {}", path,
-                                  8 + e.byte, e.what()));
+        throw IoError(
+            fmt::format("{}: header is not valid JSON (byte {}): {}", path, 8 + e.byte, e.what()));
     }
     if (!header.is_object()) throw IoError(fmt::format("{}: header is not a JSON object", path));
     const size_t data_size = size - data_start_;
     std::vector<std::pair<size_t, size_t>> ranges;
     for (const auto& [name, v] : header.items()) {
         if (name == "__metadata__") {
-            if (!v.is_object()) throw IoError(fmt::format("{}: __metadata__ is not an object", path));
+            if (!v.is_object())
+                throw IoError(fmt::format("{}: __metadata__ is not an object", path));
             for (const auto& [mk, mv] : v.items()) {
                 if (!mv.is_string()) {
                     throw IoError(fmt::format("{}: metadata '{}' is not a string", path, mk));
@@ -157,12 +202,14 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
                 throw IoError(fmt::format("shape needs {} bytes but data_offsets span {}",
                                           numel * width, offs[1] - offs[0]));
             }
-            e.data = bytes_.data() + data_start_ + offs[0];
+            e.data = header_only ? nullptr : bytes_.data() + data_start_ + offs[0];
             e.nbytes = offs[1] - offs[0];
+            e.file_offset = data_start_ + offs[0];
             ranges.emplace_back(offs[0], offs[1]);
             entries_[name] = std::move(e);
         } catch (const json::exception& ex) {
-            throw IoError(fmt::format("{}: tensor '{}': malformed entry: {}", path, name, ex.what()));
+            throw IoError(
+                fmt::format("{}: tensor '{}': malformed entry: {}", path, name, ex.what()));
         } catch (const IoError& ex) {
             throw IoError(fmt::format("{}: tensor '{}': {}", path, name, ex.what()));
         }
@@ -170,9 +217,44 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     std::sort(ranges.begin(), ranges.end());
     for (size_t i = 1; i < ranges.size(); ++i) {
         if (ranges[i].first < ranges[i - 1].second) {
-            throw IoError(fmt::format("{}: tensors overlap at data byte {}", path, ranges[i].first));
+            throw IoError(
+                fmt::format("{}: tensors overlap at data byte {}", path, ranges[i].first));
         }
     }
+}
+
+void SafetensorsFile::read_bytes(const std::string& name, uint64_t offset, size_t n,
+                                 void* dst) const {
+    const TensorEntry& e = entry(name);
+    if (offset + n > e.nbytes) {
+        throw IoError(fmt::format("{}: bytes [{}, {}) of tensor '{}' ({} bytes)", path_, offset,
+                                  offset + n, name, e.nbytes));
+    }
+    if (!header_only_) {
+        std::memcpy(dst, static_cast<const char*>(e.data) + offset, n);
+        return;
+    }
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw IoError(fmt::format("{}: cannot open: {}", path_, std::strerror(errno)));
+    size_t done = 0;
+    while (done < n) {
+        const ssize_t r = ::pread(fd, static_cast<char*>(dst) + done, n - done,
+                                  off_t(e.file_offset + offset + done));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            const int err = r < 0 ? errno : 0;
+            ::close(fd);
+            throw IoError(fmt::format("{}: reading tensor '{}' failed: {}", path_, name,
+                                      err ? std::strerror(err) : "unexpected end of file"));
+        }
+        done += size_t(r);
+    }
+    ::close(fd);
+}
+
+FileDigest SafetensorsFile::digest() const {
+    APIARY_CHECK(!header_only_, "{}: digest of a file read header-only", path_);
+    return {uint64_t(bytes_.size()), XXH64(bytes_.data(), bytes_.size(), 0)};
 }
 
 std::vector<std::string> SafetensorsFile::names() const {
@@ -199,7 +281,7 @@ void SafetensorsFile::read_f32(const std::string& name, const std::vector<int64_
         throw IoError(fmt::format("{}: tensor '{}' has shape [{}], expected [{}]", path_, name,
                                   fmt::join(e.shape, ", "), fmt::join(shape, ", ")));
     }
-    std::memcpy(dst, e.data, e.nbytes);
+    read_bytes(name, 0, e.nbytes, dst);
 }
 
 std::vector<double> SafetensorsFile::read_as_f64(const std::string& name) const {
@@ -207,7 +289,9 @@ std::vector<double> SafetensorsFile::read_as_f64(const std::string& name) const 
     const size_t width = dtype_bytes(e.dtype);
     const size_t n = e.nbytes / width;
     std::vector<double> out(n);
-    const auto* p = static_cast<const uint8_t*>(e.data);
+    std::vector<uint8_t> raw(e.nbytes);
+    read_bytes(name, 0, e.nbytes, raw.data());
+    const uint8_t* p = raw.data();
     for (size_t i = 0; i < n; ++i) {
         const uint8_t* q = p + i * width;
         if (e.dtype == "F64") {
@@ -227,8 +311,8 @@ std::vector<double> SafetensorsFile::read_as_f64(const std::string& name) const 
             std::memcpy(&v, q, 8);
             out[i] = double(v);
         } else {
-            throw IoError(fmt::format("{}: tensor '{}': cannot read {} as numbers", path_, name,
-                                      e.dtype));
+            throw IoError(
+                fmt::format("{}: tensor '{}': cannot read {} as numbers", path_, name, e.dtype));
         }
     }
     return out;

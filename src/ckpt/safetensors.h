@@ -15,20 +15,37 @@ struct TensorEntry {
     std::string name;
     std::string dtype;  // "F32", "BF16", "F16", "I32", ...
     std::vector<int64_t> shape;
-    const void* data = nullptr;  // for writing
+    const void* data = nullptr;  // for writing; into the loaded bytes when read whole
     size_t nbytes = 0;
+    uint64_t file_offset = 0;  // when read: where its bytes start in the file
 };
+
+// Size and xxh64 (seed 0) of a file's bytes: what checkpoints record per
+// file and check on load.
+struct FileDigest {
+    uint64_t bytes = 0;
+    uint64_t xxh64 = 0;
+    bool operator==(const FileDigest&) const = default;
+};
+// Reads the file through once; throws IoError if it cannot be read.
+FileDigest digest_file(const std::string& path);
 
 // Writes atomically: a temporary file in the same directory, fsync, rename,
 // fsync of the directory. A crash leaves either the old file or the new one.
-void write_safetensors(const std::string& path, const std::vector<TensorEntry>& tensors,
-                       const std::map<std::string, std::string>& metadata);
+// Returns the digest of the bytes written.
+FileDigest write_safetensors(const std::string& path, const std::vector<TensorEntry>& tensors,
+                             const std::map<std::string, std::string>& metadata);
 
 class SafetensorsFile {
-public:
+  public:
     // Reads and validates the whole file; throws IoError naming the file and
     // what is wrong (truncated, bad header, overlapping or out-of-range data).
-    explicit SafetensorsFile(const std::string& path);
+    // header_only: reads and validates the header alone; tensor bytes are
+    // then read on demand with read_bytes (sharded checkpoints read only
+    // the slices a rank needs).
+    explicit SafetensorsFile(const std::string& path, bool header_only = false);
+    // n bytes of tensor `name` from byte `offset` within it (pread).
+    void read_bytes(const std::string& name, uint64_t offset, size_t n, void* dst) const;
 
     const std::map<std::string, std::string>& metadata() const { return metadata_; }
     std::vector<std::string> names() const;
@@ -36,11 +53,14 @@ public:
     const TensorEntry& entry(const std::string& name) const;  // throws IoError if missing
     // Copies an F32 tensor into dst after checking its shape.
     void read_f32(const std::string& name, const std::vector<int64_t>& shape, float* dst) const;
+    // Digest of the whole file as read.
+    FileDigest digest() const;
     // Any float or integer tensor converted to double (tests, small tensors).
     std::vector<double> read_as_f64(const std::string& name) const;
 
-private:
+  private:
     std::string path_;
+    bool header_only_ = false;
     std::vector<uint8_t> bytes_;
     size_t data_start_ = 0;
     std::map<std::string, TensorEntry> entries_;
@@ -48,6 +68,6 @@ private:
 };
 
 // Writes `bytes` to `path` atomically (tmp + fsync + rename + dir fsync).
-void atomic_write(const std::string& path, const void* bytes, size_t n);
+FileDigest atomic_write(const std::string& path, const void* bytes, size_t n);
 
 }  // namespace apiary::ckpt

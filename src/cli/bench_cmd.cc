@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -25,7 +26,7 @@
 #include "core/threads.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
-#include "optim/adamw.h"
+#include "parallel/engine.h"
 
 namespace apiary::cli {
 
@@ -53,8 +54,7 @@ double median(std::vector<double> v) {
 struct PrecisionRun {
     std::string name;
     model::Precision precision;
-    std::unique_ptr<model::Transformer> model;
-    std::unique_ptr<optim::AdamW> adam;
+    std::unique_ptr<parallel::Engine> engine;
     double peak = 0;  // GEMM FLOP/s of the precision the matmuls run in
     std::vector<double> times;
     double loss = 0;
@@ -72,20 +72,10 @@ std::vector<std::string> split_commas(const std::string& s) {
     return out;
 }
 
-double run_step(PrecisionRun& r, const std::vector<int32_t>& tokens,
-                const std::vector<int32_t>& targets, int batch, int seq) {
+// The trainer's step (parallel::Engine::train_step) on rows of seq + 1 tokens.
+double run_step(PrecisionRun& r, const std::vector<int32_t>& rows, int batch, int seq) {
     const auto t0 = std::chrono::steady_clock::now();
-    r.model->zero_grads();
-    r.loss = r.model
-                 ->forward_backward(tokens.data(), targets.data(), batch, seq,
-                                    1.0f / float(batch * seq))
-                 .mean();
-    // The norm first, as the trainer does (so the profile's regions do not
-    // nest); bf16 weights written by the optimizer, as the trainer does.
-    const double norm = r.adam->grad_norm(r.model->grads());
-    uint16_t* copy = r.adam->updates_all_params() ? r.model->bf16_weights() : nullptr;
-    r.adam->step(r.model->params(), r.model->grads(), 1e-4f, 1.0f, norm, copy);
-    if (copy) r.model->bf16_weights_written();
+    r.loss = r.engine->train_step(rows.data(), batch, seq, 1e-4, false).loss();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -125,30 +115,27 @@ void bench_train(const BenchTrainArgs& a) {
     core::set_num_threads(a.threads);
     const core::ModelSpec& spec = core::preset(a.preset);
     if (a.seq > spec.max_seq_len) {
-        throw ConfigError(fmt::format("--seq {} exceeds {}'s max_seq_len {}", a.seq, a.preset,
-                                      spec.max_seq_len));
+        throw ConfigError(
+            fmt::format("--seq {} exceeds {}'s max_seq_len {}", a.seq, a.preset, spec.max_seq_len));
     }
     std::vector<PrecisionRun> runs;
     for (const auto& name : split_commas(a.precision)) {
         PrecisionRun r;
         r.name = name;
         r.precision = model::parse_precision(name);
-        r.model = std::make_unique<model::Transformer>(spec, a.batch, a.seq, r.precision);
-        r.model->init(1);
-        std::vector<optim::ParamRange> ranges;
-        for (const auto& e : r.model->registry().entries()) {
-            ranges.push_back({e.offset, e.numel(), e.decay});
-        }
-        r.adam = std::make_unique<optim::AdamW>(ranges, r.model->flat_size(),
-                                                optim::AdamWOptions{});
+        parallel::EngineOptions o;
+        o.precision = r.precision;
+        r.engine = std::make_unique<parallel::Engine>(spec, parallel::one_rank_layout(spec),
+                                                      nullptr, a.batch, a.seq, o);
+        r.engine->init(1);
         runs.push_back(std::move(r));
     }
     const int64_t n = int64_t(a.batch) * a.seq;
-    std::vector<int32_t> tokens(static_cast<size_t>(n)), targets(static_cast<size_t>(n));
+    // Random rows of seq + 1 tokens: inputs, and targets shifted by one.
+    std::vector<int32_t> rows(static_cast<size_t>(a.batch) * size_t(a.seq + 1));
     const core::Philox rng(7, 0);
-    for (int64_t i = 0; i < n; ++i) {
-        tokens[i] = int32_t(rng.below(2 * uint64_t(i), spec.vocab_size));
-        targets[i] = int32_t(rng.below(2 * uint64_t(i) + 1, spec.vocab_size));
+    for (size_t i = 0; i < rows.size(); ++i) {
+        rows[i] = int32_t(rng.below(uint64_t(i), spec.vocab_size));
     }
     // MFU is against the peak of the precision the matmuls run in, measured now.
     for (auto& r : runs) {
@@ -161,7 +148,7 @@ void bench_train(const BenchTrainArgs& a) {
             const bool timed = s >= a.warmup;
             prof.reset();
             prof.enable(a.profile && timed);
-            const double dt = run_step(r, tokens, targets, a.batch, a.seq);
+            const double dt = run_step(r, rows, a.batch, a.seq);
             prof.enable(false);
             if (timed) {
                 r.times.push_back(dt);
@@ -173,10 +160,13 @@ void bench_train(const BenchTrainArgs& a) {
             }
         }
     }
-    // Checked output: a random-token loss starts near ln(V).
+    // Checked output: on random tokens the loss stays near ln(V) (a model
+    // that learns nothing from noise); far from it the step is broken.
     for (const auto& r : runs) {
-        APIARY_CHECK(std::isfinite(r.loss), "benchmark produced a non-finite {} loss {}", r.name,
-                     r.loss);
+        const double lnv = std::log(double(spec.vocab_size));
+        APIARY_CHECK(std::isfinite(r.loss) && std::fabs(r.loss - lnv) < 0.5 * lnv,
+                     "benchmark {} loss {} is far from ln(V) = {}: the step is broken", r.name,
+                     r.loss, lnv);
     }
     const nlohmann::json cats = memory_json();
     const double rss = cats["process_rss_peak"].get<double>();
@@ -186,14 +176,21 @@ void bench_train(const BenchTrainArgs& a) {
         const double step_s = median(r.times);
         const double tps = double(n) / step_s;
         const double flops = tps * spec.train_flops_per_token(a.seq);
-        outs.push_back({{"preset", a.preset}, {"precision", r.name}, {"batch", a.batch},
-                        {"seq", a.seq}, {"threads", core::num_threads()}, {"steps", a.steps},
+        outs.push_back({{"preset", a.preset},
+                        {"precision", r.name},
+                        {"batch", a.batch},
+                        {"seq", a.seq},
+                        {"threads", core::num_threads()},
+                        {"steps", a.steps},
                         {"step_time_s", step_s},
                         {"step_time_min_s", *std::min_element(r.times.begin(), r.times.end())},
                         {"step_time_max_s", *std::max_element(r.times.begin(), r.times.end())},
-                        {"tokens_per_s", tps}, {"model_flops_per_s", flops},
-                        {"matmul_peak_flops_per_s", r.peak}, {"mfu", flops / r.peak},
-                        {"peak_bytes", cats}, {"rss_over_categories", rss / sum},
+                        {"tokens_per_s", tps},
+                        {"model_flops_per_s", flops},
+                        {"matmul_peak_flops_per_s", r.peak},
+                        {"mfu", flops / r.peak},
+                        {"peak_bytes", cats},
+                        {"rss_over_categories", rss / sum},
                         {"final_loss", r.loss}});
     }
     // Speedup of each later precision over the first, per round and overall.
@@ -232,12 +229,12 @@ void bench_train(const BenchTrainArgs& a) {
         if (a.profile) {
             double total = 0;
             for (double t : r.times) total += t;
-            std::vector<std::pair<std::string, double>> regions(r.regions.begin(),
-                                                                r.regions.end());
+            std::vector<std::pair<std::string, double>> regions(r.regions.begin(), r.regions.end());
             std::sort(regions.begin(), regions.end(),
                       [](const auto& x, const auto& y) { return x.second > y.second; });
-            fmt::print("  time per step by region (mean over timed steps; nested regions "
-                       "counted twice):\n");
+            fmt::print(
+                "  time per step by region (mean over timed steps; nested regions "
+                "counted twice):\n");
             double covered = 0;
             for (const auto& [name, sec] : regions) {
                 if (name.find(':') == std::string::npos) covered += sec;  // "head: ..." nests
@@ -250,10 +247,11 @@ void bench_train(const BenchTrainArgs& a) {
     }
     print_memory(cats, runs.size() > 1 ? " (all models together)" : "");
     for (const auto& [pair, sp] : speedups.items()) {
-        fmt::print("speedup {}: {:.2f}x median of {} same-round ratios (min {:.2f}, max {:.2f}); "
-                   "{:.2f}x of the medians\n",
-                   pair, sp["median_of_rounds"].get<double>(), a.steps, sp["min"].get<double>(),
-                   sp["max"].get<double>(), sp["of_medians"].get<double>());
+        fmt::print(
+            "speedup {}: {:.2f}x median of {} same-round ratios (min {:.2f}, max {:.2f}); "
+            "{:.2f}x of the medians\n",
+            pair, sp["median_of_rounds"].get<double>(), a.steps, sp["min"].get<double>(),
+            sp["max"].get<double>(), sp["of_medians"].get<double>());
     }
 }
 
@@ -263,10 +261,18 @@ void setup(CLI::App& app) {
     auto* tr = cmd->add_subcommand("train", "time optimizer steps of a model preset");
     static BenchTrainArgs a;
     tr->add_option("--preset", a.preset, "model preset")->capture_default_str();
-    tr->add_option("--batch", a.batch, "micro-batch B")->check(CLI::Range(1, 1 << 16))->capture_default_str();
-    tr->add_option("--seq", a.seq, "sequence length T")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-    tr->add_option("--steps", a.steps, "timed steps")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-    tr->add_option("--warmup", a.warmup, "untimed steps first")->check(CLI::Range(0, 1 << 20))->capture_default_str();
+    tr->add_option("--batch", a.batch, "micro-batch B")
+        ->check(CLI::Range(1, 1 << 16))
+        ->capture_default_str();
+    tr->add_option("--seq", a.seq, "sequence length T")
+        ->check(CLI::Range(1, 1 << 20))
+        ->capture_default_str();
+    tr->add_option("--steps", a.steps, "timed steps")
+        ->check(CLI::Range(1, 1 << 20))
+        ->capture_default_str();
+    tr->add_option("--warmup", a.warmup, "untimed steps first")
+        ->check(CLI::Range(0, 1 << 20))
+        ->capture_default_str();
     tr->add_option("--threads", a.threads, "threads (0: all cores)")->capture_default_str();
     tr->add_option("--precision", a.precision,
                    "fp32, bf16 or fp16 (emulated), or a comma list (fp32,bf16): the models' "

@@ -4,7 +4,6 @@
 // the executable (not a static library), so the registrars are never dropped.
 
 #include <CLI/CLI.hpp>
-
 #include <functional>
 #include <string>
 
@@ -14,8 +13,12 @@ namespace apiary::cli {
 
 using CommandSetup = void (*)(CLI::App& app);
 
+// graceful_stop: a stop signal (SIGINT, SIGTERM, SIGUSR1) only requests a
+// stop, which the verb honours at a safe point (core/signals.h); decided
+// before the command line is parsed, so no signal is ever lost in between.
+// Other verbs end on a stop signal as usual.
 struct CommandRegistrar {
-    CommandRegistrar(const char* name, CommandSetup setup);
+    CommandRegistrar(const char* name, CommandSetup setup, bool graceful_stop = false);
 };
 
 // Called before exit on a fatal error, e.g. to abort an MPI communicator so

@@ -40,7 +40,8 @@ struct GenerateArgs {
 int sample(std::vector<float>& logits, double temperature, int top_k, const core::Philox& rng,
            uint64_t index) {
     const int V = int(logits.size());
-    if (temperature <= 0) return int(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    if (temperature <= 0)
+        return int(std::max_element(logits.begin(), logits.end()) - logits.begin());
     std::vector<int> order(V);
     std::iota(order.begin(), order.end(), 0);
     const int k = (top_k > 0 && top_k < V) ? top_k : V;
@@ -61,24 +62,25 @@ int sample(std::vector<float>& logits, double temperature, int top_k, const core
 // none for byte-level checkpoints from before the token loader.
 std::optional<data::Tokenizer> run_tokenizer(const GenerateArgs& a, const train::CheckpointRef& ck,
                                              const core::ModelSpec& spec) {
-    const std::string where = ck.dir + "/meta.json";
+    const std::string where = ck.dir;
     const std::string name = ck.meta.value("tokenizer", "");
     if (name == "byte" && a.tokenizer.empty()) return std::nullopt;
     if (name.empty() && a.tokenizer.empty()) {
-        throw IoError(fmt::format("{}: the run saved no tokenizer (it trained on data.sources "
-                                  "without data.tokenizer_file); pass --tokenizer FILE, the "
-                                  "shards' tokenizer.json",
-                                  where));
+        throw IoError(
+            fmt::format("{}: the run saved no tokenizer (it trained on data.sources "
+                        "without data.tokenizer_file); pass --tokenizer FILE, the "
+                        "shards' tokenizer.json",
+                        where));
     }
-    const std::string path = a.tokenizer.empty()
-                                 ? (std::filesystem::path(a.run_dir) / name).string()
-                                 : a.tokenizer;
+    const std::string path =
+        a.tokenizer.empty() ? (std::filesystem::path(a.run_dir) / name).string() : a.tokenizer;
     data::Tokenizer tok = data::Tokenizer::load(path);
     const std::string want = ck.meta.value("tokenizer_hash", "");
     if (!want.empty() && data::hex64(tok.hash()) != want) {
-        throw DataError(fmt::format("{}: tokenizer hash {}, but the checkpoint was trained with "
-                                    "{} ({}); use the run's own tokenizer",
-                                    path, data::hex64(tok.hash()), want, where));
+        throw DataError(
+            fmt::format("{}: tokenizer hash {}, but the checkpoint was trained with "
+                        "{} ({}); use the run's own tokenizer",
+                        path, data::hex64(tok.hash()), want, where));
     }
     if (int64_t(tok.vocab_size()) > spec.vocab_size) {
         throw DataError(fmt::format("{}: {} tokens, more than the model's {} ({})", path,
@@ -88,14 +90,19 @@ std::optional<data::Tokenizer> run_tokenizer(const GenerateArgs& a, const train:
 }
 
 void run(const GenerateArgs& a) {
+    // CLI11's range check lets NaN through (every comparison with it is false).
+    if (!std::isfinite(a.temperature) || a.temperature < 0) {
+        throw ConfigError(
+            fmt::format("--temperature = {}: give a number >= 0 (0: greedy)", a.temperature));
+    }
     const train::CheckpointRef ckpt = train::latest_checkpoint(a.run_dir);
-    const std::string where = ckpt.dir + "/meta.json";
+    const std::string where = ckpt.dir;
     const core::ModelSpec spec = train::spec_from_json(ckpt.meta.at("model"), where);
     const std::optional<data::Tokenizer> tok = run_tokenizer(a, ckpt, spec);
     if (a.prompt.empty()) throw ConfigError("--prompt is empty; give at least one character");
     if (a.tokens < 0) throw ConfigError(fmt::format("--tokens = {} must be >= 0", a.tokens));
-    const int64_t T = std::min<int64_t>(spec.max_seq_len,
-                                        ckpt.meta.value("seq_len", int64_t(spec.max_seq_len)));
+    const int64_t T =
+        std::min<int64_t>(spec.max_seq_len, ckpt.meta.value("seq_len", int64_t(spec.max_seq_len)));
     model::Transformer model(spec, 1, T);
     train::load_weights(ckpt, model);
 

@@ -3,17 +3,27 @@
 // user otherwise has to remember: run-as-root in containers, oversubscription
 // and no core binding when ranks x threads exceed the cores, and
 // OMP_NUM_THREADS passed to every rank. --dry-run prints the command.
+// A stop signal to `apiary launch` becomes SIGUSR1 to the ranks: each
+// finishes its step, saves, and the job exits 130.
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <climits>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "cli/command.h"
 #include "core/error.h"
+#include "core/signals.h"
 #include "core/threads.h"
 
 namespace apiary::cli {
@@ -108,6 +118,50 @@ std::vector<std::string> build(const Options& o) {
     return cmd;
 }
 
+// Runs the launcher as a child and waits for it, so that a stop signal sent
+// to `apiary launch` reaches every rank: mpirun ends its ranks on SIGINT or
+// SIGTERM without letting them save, but forwards SIGUSR1 (as srun does),
+// which the ranks take as a stop request. The exit status is the launcher's.
+int supervise(std::vector<char*>& argv) {
+    const pid_t pid = ::fork();
+    if (pid < 0) throw IoError(fmt::format("launch: fork: {}", std::strerror(errno)));
+    if (pid == 0) {
+        // Its own process group: a Ctrl-C at the terminal reaches this
+        // process only (mpirun would end the ranks on SIGINT); with stdin
+        // from /dev/null it never reads the terminal from the background;
+        // and it ends if this process is killed.
+        ::setpgid(0, 0);
+        const int null_fd = ::open("/dev/null", O_RDONLY);
+        if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
+        ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+        core::unblock_stop_signals();  // the launcher handles its own signals
+        ::execvp(argv[0], argv.data());
+        std::fprintf(stderr,
+                     "apiary: error: launch: cannot run %s (is it installed? "
+                     "scripts/install-deps.sh installs openmpi-bin)\n",
+                     argv[0]);
+        std::fflush(stderr);
+        ::_exit(127);
+    }
+    bool forwarded = false;
+    for (;;) {
+        int status = 0;
+        const pid_t r = ::waitpid(pid, &status, WNOHANG);
+        if (r == pid) {
+            if (WIFEXITED(status)) return WEXITSTATUS(status);
+            return 128 + WTERMSIG(status);
+        }
+        if (r < 0 && errno != EINTR) {
+            throw IoError(fmt::format("launch: waitpid: {}", std::strerror(errno)));
+        }
+        if (core::stop_requested() && !forwarded) {
+            ::kill(pid, SIGUSR1);
+            forwarded = true;
+        }
+        ::usleep(20000);
+    }
+}
+
 void run(const Options& o) {
     const auto cmd = build(o);
     std::string line;
@@ -120,11 +174,7 @@ void run(const Options& o) {
     for (const auto& a : cmd) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
     std::fflush(stdout);
-    ::execvp(argv[0], argv.data());
-    throw IoError(
-        fmt::format("launch: cannot run {} (is it installed? scripts/install-deps.sh "
-                    "installs openmpi-bin)",
-                    argv[0]));
+    set_exit_code(supervise(argv));
 }
 
 void setup(CLI::App& app) {
@@ -150,7 +200,7 @@ void setup(CLI::App& app) {
     cmd->callback([] { run(o); });
 }
 
-CommandRegistrar reg("launch", setup);
+CommandRegistrar reg("launch", setup, true);
 
 }  // namespace
 

@@ -13,6 +13,7 @@
 #include "plan/catalog.h"
 #include "plan/planner.h"
 #include "plan/search.h"
+#include "plan/validate.h"
 
 namespace apiary::cli {
 
@@ -66,6 +67,7 @@ void run_plan(const Options& o) {
     const core::Config cfg = resolve(o);
     const plan::PlanInput in = plan::plan_input(cfg);
     plan::Plan p = plan::evaluate(in.w, in.l, in.c);
+    p.warnings.insert(p.warnings.begin(), in.warnings.begin(), in.warnings.end());
     if (!p.fits) {
         // Point at a layout that does fit, when one exists.
         plan::SearchOptions so;
@@ -131,6 +133,38 @@ void run_search(const Options& o, bool by_cost, int top, bool vary) {
     }
 }
 
+void run_validate(const std::string& file, bool json, bool fit, bool rows) {
+    const auto runs = plan::read_validation(file);
+    // With --fit, the constants are chosen on the fit split and every run is
+    // scored with them (the catalog's should equal them: a test checks it).
+    plan::Constants k;
+    if (fit) k = plan::fit_constants(runs, full_schema());
+    const plan::ValidationReport r = plan::validate(runs, full_schema(), k);
+    if (json) {
+        nlohmann::json j = plan::to_json(r);
+        for (const auto& [name, v] : k) j["fitted"][name] = v;
+        fmt::print("{}\n", j.dump(2));
+        return;
+    }
+    if (fit) {
+        fmt::print("constants fitted on the fit split (catalog value in brackets):\n");
+        for (const auto& [name, v] : k) {
+            if (name.rfind("catalog:", 0) == 0) continue;
+            fmt::print("  {:<28} {:.4g} ({:.4g})\n", name, v, k.at("catalog:" + name));
+        }
+        fmt::print("\nwith the fitted constants:\n");
+    }
+    fmt::print("{}", plan::validation_table(r));
+    if (rows) {
+        fmt::print("\n{:<36} {:<8} {:<24} {:>11} {:>11} {:>8}\n", "run", "split", "metric",
+                   "published", "predicted", "error");
+        for (const auto& x : r.rows) {
+            fmt::print("{:<36} {:<8} {:<24} {:>11.4g} {:>11.4g} {:>7.1f}%\n", x.run, x.split,
+                       x.metric, x.measured, x.predicted, 100 * x.rel_err);
+        }
+    }
+}
+
 void setup(CLI::App& app) {
     auto* cmd = app.add_subcommand(
         "plan", "predict memory, step time, MFU, time, cost, energy and CO2e of a run");
@@ -176,6 +210,16 @@ void setup(CLI::App& app) {
         fmt::print("rms relative error {:.1f}% -> {:.1f}%; wrote {}\n", 100 * c.rms_rel_err_before,
                    100 * c.rms_rel_err_after, out);
     });
+
+    auto* val = cmd->add_subcommand(
+        "validate", "score the planner on published runs (median and p90 error, fit / holdout)");
+    static std::string val_file = "tests/plan/validation.toml";
+    static bool val_json = false, val_fit = false, val_rows = false;
+    val->add_option("file", val_file, "validation set (TOML, [[run]] tables)");
+    val->add_flag("--json", val_json, "print one JSON object");
+    val->add_flag("--fit", val_fit, "also fit the constants on the fit split and print them");
+    val->add_flag("--rows", val_rows, "print every run's figures");
+    val->callback([] { run_validate(val_file, val_json, val_fit, val_rows); });
 
     auto* dev = cmd->add_subcommand("devices", "the hardware catalog");
     dev->callback([] {

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <csignal>
 #include <filesystem>
 #include <memory>
 
@@ -15,8 +14,6 @@ namespace apiary::cli {
 
 namespace {
 
-void on_signal(int) { train::g_stop_requested.store(true); }
-
 void setup(CLI::App& app) {
     auto* cmd = app.add_subcommand(
         "train", "train a model (no arguments: the tiny default model on the King James Bible)");
@@ -24,6 +21,7 @@ void setup(CLI::App& app) {
     static std::vector<std::string> sets;
     static bool overwrite = false;
     static std::string resume_dir;
+    static bool previous_good = false;
     cmd->add_option("--config", config_file, "TOML config file (keys: `apiary config keys`)")
         ->check(CLI::ExistingFile);
     cmd->add_option("--set", sets, "override a config key: --set train.lr=1e-3 (repeatable)");
@@ -31,10 +29,10 @@ void setup(CLI::App& app) {
     cmd->add_option("--resume", resume_dir,
                     "continue the run in this directory from its latest checkpoint, with its "
                     "config.toml (plus any --set)");
+    cmd->add_flag("--resume-from-previous-good", previous_good,
+                  "with --resume: if the latest checkpoint is damaged, continue from the newest "
+                  "intact earlier one");
     cmd->callback([] {
-        // Ctrl-C finishes the step, saves a checkpoint and exits cleanly.
-        std::signal(SIGINT, on_signal);
-        std::signal(SIGTERM, on_signal);
         // Under mpirun/srun every rank runs this; one MPI session per process.
         std::unique_ptr<comm::MpiSession> mpi;
         comm::ProcessGroup* world = nullptr;
@@ -48,8 +46,9 @@ void setup(CLI::App& app) {
         };
         if (!resume_dir.empty()) {
             if (!config_file.empty() || overwrite) {
-                throw ConfigError("--resume takes the run's own config.toml: do not combine it "
-                                  "with --config or --overwrite");
+                throw ConfigError(
+                    "--resume takes the run's own config.toml: do not combine it "
+                    "with --config or --overwrite");
             }
             const std::string cfg = resume_dir + "/config.toml";
             if (!std::filesystem::exists(cfg)) {
@@ -59,8 +58,11 @@ void setup(CLI::App& app) {
             all.push_back("run.dir=" + resume_dir);
             const core::Config c = load_config(cfg, all);
             start_mpi(c);
-            if (train::resume_training(c, world).interrupted) set_exit_code(130);
+            if (train::resume_training(c, world, previous_good).interrupted) set_exit_code(130);
             return;
+        }
+        if (previous_good) {
+            throw ConfigError("--resume-from-previous-good goes with --resume RUN");
         }
         const core::Config c = load_config(config_file, sets);
         start_mpi(c);
@@ -68,7 +70,9 @@ void setup(CLI::App& app) {
     });
 }
 
-CommandRegistrar reg("train", setup);
+// Ctrl-C, SIGTERM or SIGUSR1 finishes the step, saves a checkpoint and
+// exits with 130.
+CommandRegistrar reg("train", setup, true);
 
 }  // namespace
 

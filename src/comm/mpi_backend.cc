@@ -188,7 +188,21 @@ void MpiWork::wait() {
 
 namespace {
 
-MPI_Datatype mpi_type(DType dt) { return dt == DType::f32 ? MPI_FLOAT : MPI_UINT16_T; }
+MPI_Datatype mpi_type(DType dt) {
+    switch (dt) {
+        case DType::f32:
+            return MPI_FLOAT;
+        case DType::i64:
+            return MPI_INT64_T;
+        case DType::f64:
+            return MPI_DOUBLE;
+        default:
+            return MPI_UINT16_T;
+    }
+}
+
+// The MPI tag of a point-to-point message (process_group.h).
+int mpi_tag(const Tag& tag) { return tag.id < 0 ? 0 : int(tag.id % 32768); }
 
 // Work whose MPI request was started on the caller's thread (send/recv).
 class RequestWork : public Work {
@@ -219,7 +233,29 @@ class MpiGroup : public ProcessGroup {
     Engine& engine() { return *e_; }
 
     WorkHandle all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, Tag tag) override {
-        check_reducible(dt);
+        check_reducible(dt, op);
+        if (small_path(dt, op)) {
+            // Small messages of their own types or op: MPI's own all-reduce.
+            const int n = as_int(count, *e_, "all_reduce");
+            return submit({CollOp::all_reduce, dt, count, tag}, [e = e_.get(), buf, n, dt,
+                                                                 op](const CallContext& ctx) {
+                if (dt == DType::bf16) {
+                    float* w = e->scratch.ensure_as<float>(size_t(n));
+                    bf16_to_f32(static_cast<const uint16_t*>(buf), w, n);
+                    mpi_check(MPI_Allreduce(MPI_IN_PLACE, w, n, MPI_FLOAT, MPI_MAX, e->comm),
+                              "MPI_Allreduce", ctx);
+                    f32_to_bf16(w, static_cast<uint16_t*>(buf), n);
+                    return;
+                }
+                mpi_check(MPI_Allreduce(MPI_IN_PLACE, buf, n, mpi_type(dt),
+                                        op == ReduceOp::max ? MPI_MAX : MPI_SUM, e->comm),
+                          "MPI_Allreduce", ctx);
+                if (op == ReduceOp::avg) {
+                    double* d = static_cast<double*>(buf);
+                    for (int i = 0; i < n; ++i) d[i] /= double(e->size);
+                }
+            });
+        }
         return submit({CollOp::all_reduce, dt, count, tag},
                       [e = e_.get(), buf, count, dt, op](const CallContext& ctx) {
                           float* data = static_cast<float*>(buf);
@@ -236,7 +272,7 @@ class MpiGroup : public ProcessGroup {
 
     WorkHandle reduce_scatter(const void* send, void* recv, int64_t recv_count, DType dt,
                               ReduceOp op, Tag tag) override {
-        check_reducible(dt);
+        check_reducible(dt, op, false);
         const int n = as_int(recv_count, *e_, "reduce_scatter");
         as_int(recv_count * size(), *e_, "reduce_scatter");
         return submit({CollOp::reduce_scatter, dt, recv_count, tag},
@@ -315,7 +351,8 @@ class MpiGroup : public ProcessGroup {
         Fingerprint fp{CollOp::send, dt, count, tag, dst, e_->p2p_seq++};
         const std::string ctx = e_->name + " " + fp.describe();
         MPI_Request req;
-        mpi_check(MPI_Isend(buf, as_int(count, *e_, "send"), mpi_type(dt), dst, 0, e_->comm, &req),
+        mpi_check(MPI_Isend(buf, as_int(count, *e_, "send"), mpi_type(dt), dst, mpi_tag(tag),
+                            e_->comm, &req),
                   "MPI_Isend", ctx);
         return std::make_shared<RequestWork>(fp, req, ctx);
     }
@@ -325,7 +362,8 @@ class MpiGroup : public ProcessGroup {
         Fingerprint fp{CollOp::recv, dt, count, tag, src, e_->p2p_seq++};
         const std::string ctx = e_->name + " " + fp.describe();
         MPI_Request req;
-        mpi_check(MPI_Irecv(buf, as_int(count, *e_, "recv"), mpi_type(dt), src, 0, e_->comm, &req),
+        mpi_check(MPI_Irecv(buf, as_int(count, *e_, "recv"), mpi_type(dt), src, mpi_tag(tag),
+                            e_->comm, &req),
                   "MPI_Irecv", ctx);
         return std::make_shared<RequestWork>(fp, req, ctx);
     }
@@ -367,7 +405,6 @@ class MpiGroup : public ProcessGroup {
     }
 
   private:
-
     template <class Fn>
     WorkHandle submit(Fingerprint fp, Fn fn) {
         std::shared_ptr<MpiWork> w = std::make_shared<detail::MpiWorkFn<Fn>>(fp, e_, std::move(fn));
@@ -433,6 +470,13 @@ MPI_Comm mpi_comm_of(ProcessGroup& group) {
 bool launched_by_mpi() {
     return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") ||
            std::getenv("PMIX_RANK") || std::getenv("SLURM_PROCID");
+}
+
+int launch_rank() {
+    for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+        if (const char* v = std::getenv(var)) return std::atoi(v);
+    }
+    return -1;
 }
 
 void abort_mpi(int code) {

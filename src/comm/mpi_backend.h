@@ -50,6 +50,9 @@ class MpiSession {
 // True when the process was started by mpirun/srun (more than a singleton is
 // possible), from the launcher's environment; MpiSession also works without.
 bool launched_by_mpi();
+// This process's rank as the launcher set it in the environment (before
+// MPI is initialised), or -1 when not launched as one of several ranks.
+int launch_rank();
 
 // Kills every rank of the job with `code` (for cli::set_abort_hook).
 void abort_mpi(int code);

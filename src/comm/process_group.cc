@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -52,9 +53,36 @@ void check_config_hash(ProcessGroup& world, uint64_t hash) {
         world.world_ranks()[size_t(world.rank())]));
 }
 
-void ProcessGroup::check_reducible(DType dt) const {
-    if (dt == DType::f16) {
-        throw CommError(fmt::format("{}: reductions support f32 and bf16, not f16", name()));
+std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::string& mine) {
+    const int n = group.size();
+    std::vector<int64_t> lengths(static_cast<size_t>(n));
+    int64_t len = int64_t(mine.size());
+    group.all_gather(&len, lengths.data(), 1, DType::i64, {"string_lengths", 0})->wait();
+    const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+    // Sent as f32 words: the collectives move typed elements.
+    const size_t words = size_t(std::max<int64_t>((longest + 3) / 4, 1));
+    std::vector<float> send(words, 0.0f), recv(words * size_t(n));
+    std::memcpy(send.data(), mine.data(), mine.size());
+    group.all_gather(send.data(), recv.data(), int64_t(words), DType::f32, {"strings", 0})->wait();
+    std::vector<std::string> out;
+    for (int r = 0; r < n; ++r) {
+        const char* p = reinterpret_cast<const char*>(recv.data() + size_t(r) * words);
+        out.emplace_back(p, size_t(lengths[size_t(r)]));
+    }
+    return out;
+}
+
+void ProcessGroup::check_reducible(DType dt, ReduceOp op, bool elementwise) const {
+    const bool bulk = dt == DType::f32 || dt == DType::bf16;
+    const bool ok = elementwise ? (bulk || ((dt == DType::i64 || dt == DType::f64) &&
+                                            (op != ReduceOp::avg || dt == DType::f64)))
+                                : (bulk && op != ReduceOp::max);
+    if (!ok) {
+        throw CommError(
+            fmt::format("{}: {} {} is not supported (all_reduce: f32 and bf16 with "
+                        "any op, i64 and f64 with sum and max, f64 avg; "
+                        "reduce_scatter: f32 and bf16 sums)",
+                        name(), reduce_name(op), core::dtype_name(dt)));
     }
 }
 

@@ -60,10 +60,12 @@ class ProcessGroup {
     // "dp (world ranks 0,2,4)" for messages.
     std::string describe() const;
 
-    // buf (count) is reduced across ranks in place.
+    // buf (count) is reduced across ranks in place. f32 and bf16 take every
+    // op; i64 and f64 (counts, loss sums, norms) take sum and max, f64 avg
+    // too. The large, bandwidth-bound calls are f32 / bf16 sums.
     virtual WorkHandle all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op,
                                   Tag tag = {}) = 0;
-    // send (size * recv_count) is reduced; rank r receives block r in recv
+    // send (size * recv_count) is summed (f32, bf16); rank r receives block r in recv
     // (recv_count). recv may be send's own block (send + rank * recv_count):
     // then the other blocks of send are left undefined.
     virtual WorkHandle reduce_scatter(const void* send, void* recv, int64_t recv_count, DType dtype,
@@ -77,6 +79,10 @@ class ProcessGroup {
     // from rank i. send and recv must not overlap.
     virtual WorkHandle all_to_all(const void* send, void* recv, int64_t count_per_rank, DType dtype,
                                   Tag tag = {}) = 0;
+    // Point to point. Messages between two ranks match in order among those
+    // with the same tag id (it is the MPI tag, 0-32767; -1 counts as 0), so
+    // streams of different kinds between the same pair (a pipeline's
+    // activations one way and gradients the other) never cross.
     virtual WorkHandle send(const void* buf, int64_t count, DType dtype, int dst, Tag tag = {}) = 0;
     virtual WorkHandle recv(void* buf, int64_t count, DType dtype, int src, Tag tag = {}) = 0;
     virtual WorkHandle barrier(Tag tag = {}) = 0;
@@ -92,8 +98,13 @@ class ProcessGroup {
 
   protected:
     // Argument checks shared by the backends; each throws CommError.
-    void check_reducible(DType dt) const;  // f32 and bf16 reduce; f16 does not
-    void check_peer(int r) const;          // 0 <= r < size()
+    // What all_reduce (elementwise) / reduce_scatter (bulk sums) accept.
+    void check_reducible(DType dt, ReduceOp op, bool elementwise = true) const;
+    // The all-reduces that take the small-message path (max, i64, f64).
+    static bool small_path(DType dt, ReduceOp op) {
+        return op == ReduceOp::max || dt == DType::i64 || dt == DType::f64;
+    }
+    void check_peer(int r) const;  // 0 <= r < size()
 
     ProcessGroup(int rank, int size, std::string name, std::vector<int> world_ranks)
         : rank_(rank), size_(size), name_(std::move(name)), world_ranks_(std::move(world_ranks)) {}
@@ -108,6 +119,10 @@ class ProcessGroup {
 // Every rank must hold the same config hash (core::Config::hash()); throws
 // CommError on every rank, naming the ranks whose config differs from rank 0's.
 void check_config_hash(ProcessGroup& world, uint64_t hash);
+
+// Every rank's string, indexed by rank, on every rank (collective; for small
+// metadata such as checkpoint manifests and benchmark reports).
+std::vector<std::string> all_gather_strings(ProcessGroup& group, const std::string& mine);
 
 // "0-2,5,7-8": compact list of ranks for messages.
 std::string format_ranks(const std::vector<int>& ranks);

@@ -10,6 +10,8 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
+#include <vector>
 
 #include "comm/buffer.h"
 #include "comm/forensics.h"
@@ -46,8 +48,8 @@ struct Shared {
     int arrived = 0;
     uint64_t generation = 0;
     std::string failure;  // non-empty: the group is broken
-    std::map<std::pair<int, int>, std::deque<std::vector<char>>> mail;     // (src, dst)
-    std::map<std::pair<uint64_t, int>, std::shared_ptr<Shared>> children;  // (seq, color)
+    std::map<std::tuple<int, int, int>, std::deque<std::vector<char>>> mail;  // (src, dst, tag)
+    std::map<std::pair<uint64_t, int>, std::shared_ptr<Shared>> children;     // (seq, color)
 };
 
 std::string diagnose_locked(Shared& sh) {
@@ -76,7 +78,13 @@ class ThreadGroup;
 class RecvWork : public Work {
   public:
     RecvWork(Fingerprint fp, std::shared_ptr<Shared> sh, int src, int dst, void* buf, size_t n)
-        : Work(fp), sh_(std::move(sh)), src_(src), dst_(dst), buf_(buf), bytes_(n) {}
+        : Work(fp),
+          sh_(std::move(sh)),
+          src_(src),
+          dst_(dst),
+          tag_(fp.tag.id < 0 ? 0 : int(fp.tag.id)),
+          buf_(buf),
+          bytes_(n) {}
     bool test() override { return take(false); }
     void wait() override { take(true); }
 
@@ -84,7 +92,7 @@ class RecvWork : public Work {
     bool take(bool block) {
         if (done_) return true;
         std::unique_lock lock(sh_->mu);
-        auto& box = sh_->mail[{src_, dst_}];
+        auto& box = sh_->mail[{src_, dst_, tag_}];
         const auto deadline = Clock::now() + std::chrono::duration<double>(sh_->options.timeout_s);
         while (box.empty() && sh_->failure.empty()) {
             if (!block) return false;
@@ -109,7 +117,7 @@ class RecvWork : public Work {
         return true;
     }
     std::shared_ptr<Shared> sh_;
-    int src_, dst_;
+    int src_, dst_, tag_;
     void* buf_;
     size_t bytes_;
     bool done_ = false;
@@ -130,7 +138,13 @@ class ThreadGroup : public ProcessGroup {
     }
 
     WorkHandle all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, Tag tag) override {
-        check_reducible(dt);
+        check_reducible(dt, op);
+        if (small_path(dt, op)) {
+            return collective({CollOp::all_reduce, dt, count, tag}, buf, buf, [&](auto& slots) {
+                void* acc = reduce_typed(slots, count, dt, op);
+                return [=, this] { std::memcpy(buf, acc, bytes_of(count, dt)); };
+            });
+        }
         return collective({CollOp::all_reduce, dt, count, tag}, buf, buf, [&](auto& slots) {
             float* acc = sum_f32(
                 slots, count, dt, [](const Shared::Slot& s) { return s.recv; }, 0);
@@ -140,7 +154,7 @@ class ThreadGroup : public ProcessGroup {
 
     WorkHandle reduce_scatter(const void* send, void* recv, int64_t recv_count, DType dt,
                               ReduceOp op, Tag tag) override {
-        check_reducible(dt);
+        check_reducible(dt, op, false);
         const size_t offset = bytes_of(recv_count * rank(), dt);
         return collective(
             {CollOp::reduce_scatter, dt, recv_count, tag}, send, recv, [&](auto& slots) {
@@ -190,7 +204,8 @@ class ThreadGroup : public ProcessGroup {
         const char* p = static_cast<const char*>(buf);
         std::lock_guard lock(sh_->mu);
         if (!sh_->failure.empty()) throw CommError(sh_->failure);
-        sh_->mail[{rank(), dst}].emplace_back(p, p + bytes_of(count, dt));
+        sh_->mail[{rank(), dst, tag.id < 0 ? 0 : int(tag.id)}].emplace_back(
+            p, p + bytes_of(count, dt));
         sh_->cv.notify_all();
         return std::make_shared<DoneWork>(fp);
     }
@@ -237,6 +252,47 @@ class ThreadGroup : public ProcessGroup {
     void reserve_scratch(size_t bytes) override { scratch_.ensure(bytes); }
 
   private:
+    // Elementwise max or sum of every rank's buffer in its own type (the
+    // small-message path: max, i64, f64), into scratch.
+    template <class T>
+    T* reduce_as(std::vector<Shared::Slot>& slots, int64_t count, ReduceOp op) {
+        T* acc = static_cast<T*>(scratch_.ensure(size_t(count) * sizeof(T)));
+        std::memcpy(acc, slots[0].recv, size_t(count) * sizeof(T));
+        for (size_t r = 1; r < slots.size(); ++r) {
+            const T* in = static_cast<const T*>(slots[r].recv);
+            for (int64_t i = 0; i < count; ++i) {
+                acc[i] = op == ReduceOp::max ? std::max(acc[i], in[i]) : T(acc[i] + in[i]);
+            }
+        }
+        if (op == ReduceOp::avg) {
+            for (int64_t i = 0; i < count; ++i) acc[i] = T(acc[i] / T(slots.size()));
+        }
+        return acc;
+    }
+    void* reduce_typed(std::vector<Shared::Slot>& slots, int64_t count, DType dt, ReduceOp op) {
+        switch (dt) {
+            case DType::i64:
+                return reduce_as<int64_t>(slots, count, op);
+            case DType::f64:
+                return reduce_as<double>(slots, count, op);
+            case DType::f32:
+                return reduce_as<float>(slots, count, op);
+            default:
+                break;
+        }
+        // bf16 max: through f32.
+        std::vector<std::vector<float>> wide(slots.size(), std::vector<float>(size_t(count)));
+        std::vector<Shared::Slot> as_f32 = slots;
+        for (size_t r = 0; r < slots.size(); ++r) {
+            bf16_to_f32(static_cast<const uint16_t*>(slots[r].recv), wide[r].data(), count);
+            as_f32[r].recv = wide[r].data();
+        }
+        const float* m = reduce_as<float>(as_f32, count, op);
+        std::vector<float> copy(m, m + count);
+        uint16_t* out = static_cast<uint16_t*>(scratch_.ensure(size_t(count) * 2));
+        f32_to_bf16(copy.data(), out, count);
+        return out;
+    }
 
     // Sums every rank's input (at byte `offset` of the pointer `pick` selects)
     // into f32 scratch.

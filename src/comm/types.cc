@@ -31,7 +31,17 @@ const char* op_name(CollOp op) {
     return "?";
 }
 
-const char* reduce_name(ReduceOp op) { return op == ReduceOp::sum ? "sum" : "avg"; }
+const char* reduce_name(ReduceOp op) {
+    switch (op) {
+        case ReduceOp::sum:
+            return "sum";
+        case ReduceOp::avg:
+            return "avg";
+        case ReduceOp::max:
+            return "max";
+    }
+    return "?";
+}
 
 std::string Fingerprint::describe() const {
     std::string s = fmt::format("{} #{}", op_name(op), seq);

@@ -13,8 +13,9 @@ namespace apiary::comm {
 using core::DType;
 
 // avg is sum followed by a multiply by 1/size on every rank (exact for
-// power-of-two sizes, otherwise one rounding).
-enum class ReduceOp : uint8_t { sum, avg };
+// power-of-two sizes, otherwise one rounding). max is the elementwise
+// maximum (the vocabulary-parallel softmax's row max).
+enum class ReduceOp : uint8_t { sum, avg, max };
 
 enum class CollOp : uint8_t {
     all_reduce,

@@ -23,7 +23,13 @@ struct MemStats {
 };
 
 // 64-byte aligned, zero-filled memory, accounted by category. Thread-safe.
-void* mem_allocate(size_t bytes, MemCategory category);
+// Throws OutOfMemoryError naming the size, the category and what is already
+// held, when the allocation fails or exceeds the memory the kernel reports
+// available (checked for allocations of 64 MiB and more).
+// `what` describes the allocation in that message (e.g. a tensor's shape).
+void* mem_allocate(size_t bytes, MemCategory category, const std::string& what = "");
+// MemAvailable from /proc/meminfo, or -1.
+int64_t available_memory_bytes();
 void mem_release(void* ptr, size_t bytes, MemCategory category);
 MemStats mem_stats();
 // Forget peaks (current stays), e.g. between benchmark phases.

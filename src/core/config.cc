@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <toml++/toml.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -9,7 +10,6 @@
 #include <cmath>
 #include <fstream>
 #include <sstream>
-#include <toml++/toml.h>
 
 #include "core/error.h"
 #include "core/model_spec.h"
@@ -20,10 +20,14 @@ namespace {
 
 const char* type_name(ValueType t) {
     switch (t) {
-        case ValueType::boolean: return "a boolean";
-        case ValueType::integer: return "an integer";
-        case ValueType::real: return "a number";
-        case ValueType::string: return "a string";
+        case ValueType::boolean:
+            return "a boolean";
+        case ValueType::integer:
+            return "an integer";
+        case ValueType::real:
+            return "a number";
+        case ValueType::string:
+            return "a string";
     }
     return "?";
 }
@@ -48,10 +52,18 @@ std::string toml_quote(const std::string& s) {
     std::string out = "\"";
     for (char c : s) {
         switch (c) {
-            case '"': out += "\\\""; break;
-            case '\\': out += "\\\\"; break;
-            case '\n': out += "\\n"; break;
-            case '\t': out += "\\t"; break;
+            case '"':
+                out += "\\\"";
+                break;
+            case '\\':
+                out += "\\\\";
+                break;
+            case '\n':
+                out += "\\n";
+                break;
+            case '\t':
+                out += "\\t";
+                break;
             default:
                 if (static_cast<unsigned char>(c) < 0x20) {
                     out += fmt::format("\\u{:04x}", c);
@@ -107,8 +119,8 @@ Schema& Schema::add_real(const std::string& key, double def, const std::string& 
     return add({key, ValueType::real, def, doc, min, max, {}});
 }
 
-Schema& Schema::add_string(const std::string& key, const std::string& def,
-                           const std::string& doc, std::vector<std::string> choices) {
+Schema& Schema::add_string(const std::string& key, const std::string& def, const std::string& doc,
+                           std::vector<std::string> choices) {
     return add({key, ValueType::string, def, doc, {}, {}, std::move(choices)});
 }
 
@@ -144,8 +156,9 @@ void Config::set_value(const std::string& key, const Value& raw, const std::stri
     if (!spec) {
         const std::string hint = schema_->suggest(key);
         throw ConfigError(fmt::format("{}: unknown config key '{}'{}", source, key,
-                                      hint.empty() ? std::string(" (run `apiary config keys` for the list)")
-                                                   : fmt::format(" (did you mean '{}'?)", hint)));
+                                      hint.empty()
+                                          ? std::string(" (run `apiary config keys` for the list)")
+                                          : fmt::format(" (did you mean '{}'?)", hint)));
     }
     Value v = raw;
     // Numbers convert where no information is lost: 3 -> 3.0, 1e3 -> 1000.
@@ -156,17 +169,18 @@ void Config::set_value(const std::string& key, const Value& raw, const std::stri
         const double d = std::get<double>(v);
         if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e18) v = int64_t(d);
     }
-    const bool type_ok = (spec->type == ValueType::boolean && std::holds_alternative<bool>(v)) ||
-                         (spec->type == ValueType::integer && std::holds_alternative<int64_t>(v)) ||
-                         (spec->type == ValueType::real && std::holds_alternative<double>(v)) ||
-                         (spec->type == ValueType::string && std::holds_alternative<std::string>(v));
+    const bool type_ok =
+        (spec->type == ValueType::boolean && std::holds_alternative<bool>(v)) ||
+        (spec->type == ValueType::integer && std::holds_alternative<int64_t>(v)) ||
+        (spec->type == ValueType::real && std::holds_alternative<double>(v)) ||
+        (spec->type == ValueType::string && std::holds_alternative<std::string>(v));
     if (!type_ok) {
         throw ConfigError(fmt::format("{}: {} must be {}, got {}", source, key,
                                       type_name(spec->type), value_to_string(raw)));
     }
     if (spec->type == ValueType::integer || spec->type == ValueType::real) {
-        const double d = spec->type == ValueType::integer ? double(std::get<int64_t>(v))
-                                                          : std::get<double>(v);
+        const double d =
+            spec->type == ValueType::integer ? double(std::get<int64_t>(v)) : std::get<double>(v);
         if (!std::isfinite(d) || (spec->min && d < *spec->min) || (spec->max && d > *spec->max)) {
             std::string range;
             if (spec->min && spec->max) {
@@ -198,7 +212,8 @@ namespace {
 void flatten(const toml::table& table, const std::string& prefix, const std::string& path,
              Config& config) {
     for (const auto& [k, node] : table) {
-        const std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+        const std::string key =
+            prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
         const auto& src = node.source();
         const std::string where = fmt::format("{}:{}", path, src.begin.line);
         if (const auto* sub = node.as_table()) {
@@ -212,9 +227,10 @@ void flatten(const toml::table& table, const std::string& prefix, const std::str
         } else if (const auto* s = node.as_string()) {
             config.set_value(key, s->get(), where);
         } else {
-            throw ConfigError(fmt::format("{}: {} has an unsupported TOML type (arrays and "
-                                          "dates are not config values)",
-                                          where, key));
+            throw ConfigError(
+                fmt::format("{}: {} has an unsupported TOML type (arrays and "
+                            "dates are not config values)",
+                            where, key));
         }
     }
 }
@@ -226,9 +242,8 @@ void Config::load_string(const std::string& text, const std::string& source) {
     try {
         table = toml::parse(text, source);
     } catch (const toml::parse_error& e) {
-        throw ConfigError(fmt::format("{}:{}:{}: invalid TOML: {}", source,
-                                      e.source().begin.line, e.source().begin.column,
-                                      e.description()));
+        throw ConfigError(fmt::format("{}:{}:{}: invalid TOML: {}", source, e.source().begin.line,
+                                      e.source().begin.column, e.description()));
     }
     flatten(table, "", source, *this);
 }
@@ -280,8 +295,8 @@ void Config::set(const std::string& assignment) {
         case ValueType::string:
             return set_value(key, text, where);
     }
-    throw ConfigError(fmt::format("{}: {} must be {}, got '{}'", where, key,
-                                  type_name(spec->type), text));
+    throw ConfigError(
+        fmt::format("{}: {} must be {}, got '{}'", where, key, type_name(spec->type), text));
 }
 
 const Value& Config::get(const std::string& key, ValueType type) const {
@@ -360,28 +375,52 @@ void add_shared_keys(Schema& s) {
               "vocabulary size V (0: the tokenizer's when training, the preset's when planning; "
               "training accepts V >= the tokenizer's, the extra rows unused)",
               0, 1 << 24);
-    s.add_int("model.max_seq_len", 0, "longest sequence the model accepts (0: from the preset)",
-              0, 1 << 22);
-    s.add_int("model.ffn_hidden", 0, "MLP hidden width (0: 4C for gpt2, 8C/3 rounded for llama)",
-              0, 1 << 22);
+    s.add_int("model.max_seq_len", 0, "longest sequence the model accepts (0: from the preset)", 0,
+              1 << 22);
+    s.add_int("model.ffn_hidden", 0, "MLP hidden width (0: 4C for gpt2, 8C/3 rounded for llama)", 0,
+              1 << 22);
     s.add_string("model.tie_embeddings", "",
                  "share the token embedding with the LM head: true, false or empty (preset)",
                  {"", "true", "false"});
-    s.add_real("model.norm_eps", 0.0, "LayerNorm / RMSNorm epsilon (0: from the preset)", 0.0,
-               1.0);
+    s.add_real("model.norm_eps", 0.0, "LayerNorm / RMSNorm epsilon (0: from the preset)", 0.0, 1.0);
     s.add_real("model.rope_theta", 0.0, "RoPE base, llama only (0: from the preset)", 0.0, 1e9);
+    s.add_int("model.head_dim", 0, "width of one attention head (0: n_embd / n_head)", 0, 1 << 16);
+    s.add_int("model.kv_lora_rank", 0,
+              "latent attention (DeepSeek-V2/V3) key/value rank; 0: plain attention (planner only)",
+              0, 1 << 20);
+    s.add_int("model.q_lora_rank", 0, "latent attention query rank (0: full-rank queries)", 0,
+              1 << 20);
+    s.add_int("model.qk_rope_dim", 0, "latent attention rotary query/key width per head", 0,
+              1 << 16);
+    s.add_int("model.v_head_dim", 0, "latent attention value width per head (0: head_dim)", 0,
+              1 << 16);
+    s.add_int("model.n_expert", 0, "routed experts per MoE block; 0: dense (planner only)", 0,
+              1 << 16);
+    s.add_int("model.n_expert_active", 0, "routed experts each token uses (top-k)", 0, 1 << 16);
+    s.add_int("model.n_shared_expert", 0, "experts every token uses besides the routed ones", 0,
+              1 << 16);
+    s.add_int("model.moe_ffn_hidden", 0, "hidden width of one expert (0: model.ffn_hidden)", 0,
+              1 << 22);
+    s.add_int("model.moe_dense_layers", 0, "leading blocks with a dense MLP instead of experts", 0,
+              1000);
 
     s.add_int("train.batch_size", 16, "micro-batch size B, sequences per rank per micro-step", 1,
               1 << 20);
     s.add_int("train.seq_len", 128, "sequence length T of a training sample", 1, 1 << 22);
-    s.add_int("train.grad_accum", 1, "micro-steps accumulated into one optimizer step", 1,
-              1 << 20);
-    s.add_string("train.precision", "fp32", "compute precision: fp32, bf16 or fp16",
-                 {"fp32", "bf16", "fp16"});
+    s.add_int("train.grad_accum", 1, "micro-steps accumulated into one optimizer step", 1, 1 << 20);
+    s.add_string("train.precision", "fp32",
+                 "compute precision: fp32, bf16 or fp16 (fp8: planner only)",
+                 {"fp32", "bf16", "fp16", "fp8"});
 
     s.add_int("parallel.dp", 0, "data-parallel ranks (0: world size / (tp * pp))", 0, 1 << 24);
     s.add_int("parallel.tp", 1, "tensor-parallel ranks", 1, 1 << 16);
     s.add_int("parallel.pp", 1, "pipeline-parallel stages", 1, 1 << 16);
+    s.add_int("parallel.cp", 1,
+              "context-parallel ranks: each holds 1/cp of every sequence (planner only)", 1,
+              1 << 16);
+    s.add_int("parallel.ep", 1,
+              "expert-parallel ranks, carved out of the data-parallel ones (planner only)", 1,
+              1 << 16);
     s.add_int("parallel.zero_stage", 0,
               "ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters", 0, 3);
     s.add_string("parallel.recompute", "none",
@@ -389,10 +428,16 @@ void add_shared_keys(Schema& s) {
                  {"none", "selective", "full"});
     s.add_bool("parallel.sequence_parallel", false,
                "shard norms and dropout activations along the sequence across tp ranks");
-    s.add_int("parallel.microbatches", 0,
-              "pipeline micro-batches per step (0: train.grad_accum)", 0, 1 << 20);
+    s.add_int("parallel.microbatches", 0, "pipeline micro-batches per step (0: train.grad_accum)",
+              0, 1 << 20);
     s.add_string("parallel.schedule", "1f1b", "pipeline schedule: gpipe, 1f1b or interleaved",
                  {"gpipe", "1f1b", "interleaved"});
+    s.add_int("parallel.virtual_stages", 2,
+              "model chunks per pipeline stage under parallel.schedule = interleaved", 1, 1 << 10);
+    s.add_string("parallel.stage_layers", "",
+                 "blocks per pipeline stage (per virtual stage when interleaved), comma-separated, "
+                 "e.g. \"5,4,3\" (empty: balanced by the planner's cost model, the head's "
+                 "cost included)");
     s.add_string("parallel.axis_order", "tp,pp,dp",
                  "mesh axes from fastest-varying (neighbouring ranks) to slowest");
 }
@@ -410,6 +455,16 @@ ModelSpec model_spec_from(const Config& c) {
     override_int("model.vocab_size", s.vocab_size);
     override_int("model.max_seq_len", s.max_seq_len);
     override_int("model.ffn_hidden", s.ffn_hidden);
+    override_int("model.head_dim", s.head_dim);
+    override_int("model.kv_lora_rank", s.kv_lora_rank);
+    override_int("model.q_lora_rank", s.q_lora_rank);
+    override_int("model.qk_rope_dim", s.qk_rope_dim);
+    override_int("model.v_head_dim", s.v_head_dim);
+    override_int("model.n_expert", s.n_expert);
+    override_int("model.n_expert_active", s.n_expert_active);
+    override_int("model.n_shared_expert", s.n_shared_expert);
+    override_int("model.moe_ffn_hidden", s.moe_ffn_hidden);
+    override_int("model.moe_dense_layers", s.moe_dense_layers);
     // A gpt2 model given only a new head count keeps plain multi-head attention.
     if (s.arch == Arch::gpt2 && c.get_int("model.n_kv_head") == 0) s.n_kv_head = s.n_head;
     if (const auto& t = c.get_string("model.tie_embeddings"); !t.empty()) {

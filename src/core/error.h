@@ -10,7 +10,7 @@
 namespace apiary {
 
 class Error : public std::runtime_error {
-public:
+  public:
     explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
 // A config key, value or layout that cannot be used.
@@ -34,6 +34,11 @@ class DeviceError : public Error {
     using Error::Error;
 };
 
+// An allocation that the machine cannot satisfy.
+class OutOfMemoryError : public Error {
+    using Error::Error;
+};
+
 namespace detail {
 [[noreturn]] void check_failed(const char* file, int line, const char* cond,
                                const std::string& message);
@@ -43,10 +48,9 @@ namespace detail {
 
 // APIARY_CHECK(cond, fmt, args...) throws apiary::Error naming file:line, the
 // condition and a formatted message with the offending values.
-#define APIARY_CHECK(cond, ...)                                                       \
-    do {                                                                              \
-        if (!(cond)) [[unlikely]] {                                                   \
-            ::apiary::detail::check_failed(__FILE__, __LINE__, #cond,                 \
-                                           ::fmt::format(__VA_ARGS__));               \
-        }                                                                             \
+#define APIARY_CHECK(cond, ...)                                                                    \
+    do {                                                                                           \
+        if (!(cond)) [[unlikely]] {                                                                \
+            ::apiary::detail::check_failed(__FILE__, __LINE__, #cond, ::fmt::format(__VA_ARGS__)); \
+        }                                                                                          \
     } while (0)

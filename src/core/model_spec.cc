@@ -14,8 +14,8 @@ const char* arch_name(Arch arch) { return arch == Arch::gpt2 ? "gpt2" : "llama";
 Arch parse_arch(const std::string& name) {
     if (name == "gpt2") return Arch::gpt2;
     if (name == "llama") return Arch::llama;
-    throw ConfigError(fmt::format("model.arch: unknown architecture '{}' (known: gpt2, llama)",
-                                  name));
+    throw ConfigError(
+        fmt::format("model.arch: unknown architecture '{}' (known: gpt2, llama)", name));
 }
 
 int ModelSpec::ffn_dim() const {
@@ -26,33 +26,72 @@ int ModelSpec::ffn_dim() const {
     return (raw + 255) / 256 * 256;
 }
 
-int64_t ModelSpec::num_matmul_params() const {
-    const int64_t C = n_embd, F = ffn_dim(), V = vocab_size, L = n_layer, KV = kv_dim();
-    int64_t per_layer = 0;
-    if (arch == Arch::gpt2) {
-        per_layer = C * 3 * C + C * C + C * F + F * C;
-    } else {
-        per_layer = C * C + 2 * C * KV + C * C + 3 * C * F;
+int64_t ModelSpec::qk_width() const {
+    return int64_t(n_head) * (head_size() + (mla() ? qk_rope_dim : 0));
+}
+
+int64_t ModelSpec::v_width() const {
+    return int64_t(n_head) * (mla() && v_head_dim > 0 ? v_head_dim : head_size());
+}
+
+int64_t ModelSpec::attn_params() const {
+    const int64_t C = n_embd, Q = qk_width(), V = v_width();
+    if (mla()) {
+        // DeepSeek-V2 (Liu et al. 2024), Section 2.1: queries through a rank
+        // q_lora_rank bottleneck (or a plain projection), keys and values
+        // through a kv_lora_rank latent plus a shared rotary key.
+        const int64_t q = q_lora_rank > 0 ? C * q_lora_rank + int64_t(q_lora_rank) * Q : C * Q;
+        const int64_t kv = C * (kv_lora_rank + qk_rope_dim) +
+                           int64_t(kv_lora_rank) * n_head * (head_size() + v_width() / n_head);
+        return q + kv + V * C;
     }
-    return L * per_layer + V * C;  // the LM head is a matmul, tied or not
+    const int64_t KV = kv_dim();
+    return C * Q + 2 * C * KV + V * C;
+}
+
+int64_t ModelSpec::mlp_params(int64_t width) const {
+    return (arch == Arch::gpt2 ? 2 : 3) * int64_t(n_embd) * width;
+}
+
+int64_t ModelSpec::num_matmul_params() const {
+    const int64_t C = n_embd, V = vocab_size, L = n_layer, E = moe_layers();
+    const int64_t dense = (L - E) * (attn_params() + mlp_params(ffn_dim()));
+    const int64_t experts = E * (attn_params() + C * n_expert +
+                                 (n_expert + n_shared_expert) * mlp_params(expert_ffn_dim()));
+    return dense + experts + V * C;  // the LM head is a matmul, tied or not
+}
+
+int64_t ModelSpec::num_active_matmul_params() const {
+    const int64_t unused =
+        int64_t(moe_layers()) * (n_expert - n_expert_active) * mlp_params(expert_ffn_dim());
+    return num_matmul_params() - unused;
 }
 
 int64_t ModelSpec::num_params() const {
-    const int64_t C = n_embd, F = ffn_dim(), V = vocab_size, L = n_layer, KV = kv_dim();
-    if (arch == Arch::gpt2) {
-        const int64_t per_layer = 2 * C + (C * 3 * C + 3 * C) + (C * C + C) + 2 * C +
-                                  (C * F + F) + (F * C + C);
-        const int64_t head = tie_embeddings ? 0 : V * C;
-        return V * C + int64_t(max_seq_len) * C + L * per_layer + 2 * C + head;
-    }
-    const int64_t per_layer = C + C * C + 2 * C * KV + C * C + C + 3 * C * F;
+    const int64_t C = n_embd, F = ffn_dim(), V = vocab_size, L = n_layer;
     const int64_t head = tie_embeddings ? 0 : V * C;
-    return V * C + L * per_layer + C + head;
+    // Norms (and for gpt2 the biases of the plain attention and MLP).
+    const int64_t norms = arch == Arch::gpt2 ? 4 * C : 2 * C;
+    int64_t biases = 0;
+    if (arch == Arch::gpt2) biases = (qk_width() + 2 * kv_dim()) + C + F + C;
+    const int64_t rest = num_matmul_params() - V * C;  // blocks' matmul weights
+    const int64_t positions = arch == Arch::gpt2 ? int64_t(max_seq_len) * C : 0;
+    const int64_t final_norm = arch == Arch::gpt2 ? 2 * C : C;
+    return V * C + positions + rest + L * (norms + biases) + final_norm + head;
 }
 
 double ModelSpec::train_flops_per_token(int seq_len) const {
-    const double attn = 12.0 * n_layer * double(seq_len) * n_embd;
-    return 6.0 * double(num_matmul_params()) + attn;
+    const double attn = 6.0 * n_layer * double(seq_len) * double(qk_width() + v_width());
+    return 6.0 * double(num_active_matmul_params()) + attn;
+}
+
+std::string ModelSpec::trainer_unsupported() const {
+    if (moe()) return fmt::format("model.n_expert = {} (mixture of experts)", n_expert);
+    if (mla()) return fmt::format("model.kv_lora_rank = {} (latent attention)", kv_lora_rank);
+    if (head_dim > 0 && head_dim * n_head != n_embd) {
+        return fmt::format("model.head_dim = {} (not n_embd / n_head)", head_dim);
+    }
+    return "";
 }
 
 void ModelSpec::validate() const {
@@ -65,9 +104,10 @@ void ModelSpec::validate() const {
     if (n_kv_head < 1 || n_head % n_kv_head != 0)
         fail(fmt::format("model.n_kv_head = {} must divide model.n_head = {}", n_kv_head, n_head));
     if (arch == Arch::gpt2 && n_kv_head != n_head)
-        fail(fmt::format("model.n_kv_head = {} but gpt2 has no grouped-query attention: "
-                         "set it to model.n_head = {}",
-                         n_kv_head, n_head));
+        fail(
+            fmt::format("model.n_kv_head = {} but gpt2 has no grouped-query attention: "
+                        "set it to model.n_head = {}",
+                        n_kv_head, n_head));
     if (arch == Arch::llama && head_size() % 2 != 0)
         fail(fmt::format("model.n_embd / model.n_head = {} must be even for RoPE", head_size()));
     if (vocab_size < 2) fail(fmt::format("model.vocab_size = {}: must be at least 2", vocab_size));
@@ -75,6 +115,24 @@ void ModelSpec::validate() const {
         fail(fmt::format("model.max_seq_len = {}: must be at least 1", max_seq_len));
     if (ffn_hidden < 0) fail(fmt::format("model.ffn_hidden = {}: must be >= 0", ffn_hidden));
     if (!(norm_eps > 0)) fail(fmt::format("model.norm_eps = {}: must be > 0", norm_eps));
+    if (head_dim < 0) fail(fmt::format("model.head_dim = {}: must be >= 0", head_dim));
+    if (mla() && (qk_rope_dim < 0 || v_head_dim < 0 || q_lora_rank < 0))
+        fail("model.q_lora_rank, model.qk_rope_dim and model.v_head_dim must be >= 0");
+    if (moe()) {
+        if (n_expert_active < 1 || n_expert_active > n_expert)
+            fail(fmt::format("model.n_expert_active = {} must be between 1 and model.n_expert = {}",
+                             n_expert_active, n_expert));
+        if (moe_dense_layers < 0 || moe_dense_layers >= n_layer)
+            fail(fmt::format("model.moe_dense_layers = {} must be below model.n_layer = {}",
+                             moe_dense_layers, n_layer));
+        if (n_shared_expert < 0 || moe_ffn_hidden < 0)
+            fail("model.n_shared_expert and model.moe_ffn_hidden must be >= 0");
+    } else if (n_expert_active > 0 || n_shared_expert > 0 || moe_dense_layers > 0 ||
+               moe_ffn_hidden > 0) {
+        fail(
+            "model.n_expert_active, n_shared_expert, moe_ffn_hidden and moe_dense_layers "
+            "describe experts: set model.n_expert too (or leave them 0)");
+    }
 }
 
 namespace {
@@ -120,9 +178,9 @@ const std::map<std::string, ModelSpec>& presets() {
         t["gpt3-175b"] = gpt2(96, 12288, 96, 50257, 2048);
         // Other published GPT-style runs, for the planner (positions are
         // modelled as learned even where the original used ALiBi).
-        t["opt-175b"] = gpt2(96, 12288, 96, 50272, 2048);         // Zhang et al. 2022
-        t["bloom-176b"] = gpt2(70, 14336, 112, 250880, 2048);     // BigScience 2022
-        t["mt-nlg-530b"] = gpt2(105, 20480, 128, 51200, 2048);    // Smith et al. 2022
+        t["opt-175b"] = gpt2(96, 12288, 96, 50272, 2048);       // Zhang et al. 2022
+        t["bloom-176b"] = gpt2(70, 14336, 112, 250880, 2048);   // BigScience 2022
+        t["mt-nlg-530b"] = gpt2(105, 20480, 128, 51200, 2048);  // Smith et al. 2022
         // LLaMA 60M as in the GaLore paper (Zhao et al. 2024, Table 9).
         t["llama-60m"] = llama(8, 512, 8, 8, 1376, 32000, 256);
         // LLaMA 2 (Touvron et al. 2023) and LLaMA 3 (Meta 2024) model cards.

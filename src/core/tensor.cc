@@ -11,13 +11,32 @@
 
 namespace apiary::core {
 
-size_t dtype_size(DType dt) { return dt == DType::f32 ? 4 : 2; }
+size_t dtype_size(DType dt) {
+    switch (dt) {
+        case DType::f32:
+            return 4;
+        case DType::bf16:
+        case DType::f16:
+            return 2;
+        case DType::i64:
+        case DType::f64:
+            return 8;
+    }
+    return 0;
+}
 
 const char* dtype_name(DType dt) {
     switch (dt) {
-        case DType::f32: return "f32";
-        case DType::bf16: return "bf16";
-        case DType::f16: return "f16";
+        case DType::f32:
+            return "f32";
+        case DType::bf16:
+            return "bf16";
+        case DType::f16:
+            return "f16";
+        case DType::i64:
+            return "i64";
+        case DType::f64:
+            return "f64";
     }
     return "?";
 }
@@ -29,7 +48,8 @@ Tensor::Tensor(std::vector<int64_t> shape, DType dtype, MemCategory category)
         APIARY_CHECK(d >= 0, "negative tensor dimension in shape {}", shape_string());
         numel_ *= d;
     }
-    data_ = mem_allocate(nbytes(), category_);
+    data_ = mem_allocate(nbytes(), category_,
+                         fmt::format("{} tensor {}", dtype_name(dtype_), shape_string()));
 }
 
 Tensor::~Tensor() { release(); }
@@ -84,7 +104,7 @@ uint16_t f32_to_f16(float x) {
     std::memcpy(&u, &x, 4);
     const uint32_t sign = (u >> 16) & 0x8000u;
     u &= 0x7fffffffu;
-    if (u > 0x7f800000u) return uint16_t(sign | 0x7e00u);  // NaN
+    if (u > 0x7f800000u) return uint16_t(sign | 0x7e00u);   // NaN
     if (u >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // rounds to >= 65536: inf
     if (u < 0x38800000u) {                                  // subnormal or zero in f16
         const float f = std::fabs(x) * 16777216.0f;         // scale by 2^24

@@ -13,12 +13,14 @@
 
 namespace apiary::core {
 
-enum class DType : uint8_t { f32, bf16, f16 };
+// i64 and f64 are for counts and sums that travel between ranks (token
+// counts, loss sums, squared norms), not for tensors of the model.
+enum class DType : uint8_t { f32, bf16, f16, i64, f64 };
 size_t dtype_size(DType dt);
 const char* dtype_name(DType dt);
 
 class Tensor {
-public:
+  public:
     Tensor() = default;
     Tensor(std::vector<int64_t> shape, DType dtype, MemCategory category);
     ~Tensor();
@@ -47,7 +49,7 @@ public:
     void zero();
     std::string shape_string() const;
 
-private:
+  private:
     void release();
     void* data_ = nullptr;
     std::vector<int64_t> shape_;

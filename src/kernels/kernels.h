@@ -16,8 +16,8 @@ namespace apiary::kernels {
 
 // C (M, N) = op(A) (M, K) * op(B) (K, N) + beta * C; row-major with leading
 // dimensions; op is a transpose when the flag is set.
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
-          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+          const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
 // A linear layer as in torch.nn.Linear: y = x W^T + b.
 //   x (N, IN), weight (OUT, IN), bias (OUT) or null, y (N, OUT)
@@ -44,9 +44,9 @@ void embedding_backward(float* dwte, float* dwpe, const float* dout, const int32
 void layernorm_forward(float* out, float* mean, float* rstd, const float* x, const float* weight,
                        const float* bias, int64_t N, int64_t C, float eps);
 // dx (N, C) += ...  (accumulates: the residual stream adds gradients)
-void layernorm_backward(float* dx, float* dweight, float* dbias, const float* dout,
-                        const float* x, const float* weight, const float* mean, const float* rstd,
-                        int64_t N, int64_t C);
+void layernorm_backward(float* dx, float* dweight, float* dbias, const float* dout, const float* x,
+                        const float* weight, const float* mean, const float* rstd, int64_t N,
+                        int64_t C);
 // RMSNorm: out = x * rstd * weight; rstd (N) saved.
 void rmsnorm_forward(float* out, float* rstd, const float* x, const float* weight, int64_t N,
                      int64_t C, float eps);
@@ -172,8 +172,8 @@ void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float
 void gelu_forward_bf16(uint16_t* out, const float* x, int64_t n);
 // gelu_backward on (N, W) with dx bf16; col_sums (W), if non-null, += the
 // column sums of the fp32 dx (the bias gradient of the matmul that made x).
-void gelu_backward_bf16(uint16_t* dx, float* col_sums, const float* x, const float* dout,
-                        int64_t N, int64_t W);
+void gelu_backward_bf16(uint16_t* dx, float* col_sums, const float* x, const float* dout, int64_t N,
+                        int64_t W);
 // dst (N, W) = to_bf16(src); col_sums (W), if non-null, += column sums of src.
 void to_bf16_column_sums(uint16_t* dst, float* col_sums, const float* src, int64_t N, int64_t W);
 // Causal attention as attention_forward/backward with q, k, v in bf16: block
@@ -195,6 +195,54 @@ void attention_backward_bf16(float* dqkv, const float* dout, const uint16_t* qkv
 int64_t lm_head_scratch_bf16(int64_t N, int64_t V);
 double lm_head_cross_entropy_bf16(const uint16_t* h, const uint16_t* W, const int32_t* targets,
                                   int64_t N, int64_t C, int64_t V, float grad_scale, float* dh,
-                                  float* dW, int64_t* valid, float* scratch,
-                                  int64_t scratch_floats, uint16_t* scratch_bf16);
+                                  float* dW, int64_t* valid, float* scratch, int64_t scratch_floats,
+                                  uint16_t* scratch_bf16);
+}  // namespace apiary::kernels
+
+// ---- tensor parallelism (cpu/tensor_parallel.cc) ----
+namespace apiary::kernels {
+// y (N, C) += bias (C) on every row: a row-parallel matmul's bias, added once
+// after the ranks' partial outputs are summed.
+void add_bias(float* y, const float* bias, int64_t N, int64_t C);
+// out (N, C) = wte[tokens - v0] for the tokens in [v0, v0 + Vl) this rank
+// holds (wte (Vl, C)), zero rows for the others (the ranks' outputs sum to
+// the full lookup).
+void embedding_lookup(float* out, const int32_t* tokens, const float* wte, int64_t v0, int64_t Vl,
+                      int64_t N, int64_t C);
+// out (N, C) += wpe[(row0 + i) % T]: learned positions of rows row0.. of a
+// (B, T) batch flattened to B*T rows.
+void add_positions(float* out, const float* wpe, int64_t row0, int64_t T, int64_t N, int64_t C);
+// dwte (Vl, C) += dout rows of the tokens this rank holds.
+void embedding_lookup_backward(float* dwte, const float* dout, const int32_t* tokens, int64_t v0,
+                               int64_t Vl, int64_t N, int64_t C);
+// dwpe (T, C) += dout rows by position, as add_positions placed them.
+void positions_backward(float* dwpe, const float* dout, int64_t row0, int64_t T, int64_t N,
+                        int64_t C);
+
+// Reductions over the ranks sharing a vocabulary, applied in place to n
+// floats; called the same number of times with the same n on every rank.
+struct RowReduce {
+    void* ctx = nullptr;
+    void (*max)(void* ctx, float* x, int64_t n) = nullptr;
+    void (*sum)(void* ctx, float* x, int64_t n) = nullptr;
+};
+// This rank's slice of the LM head: rows [v0, v0 + Vl) of W, fp32 (h, W)
+// or bf16 (h16, W16, the other pair null). h (N, C), W (Vl, C).
+struct VocabHead {
+    const float* h = nullptr;
+    const float* W = nullptr;
+    const uint16_t* h16 = nullptr;
+    const uint16_t* W16 = nullptr;
+    int64_t Vl = 0, v0 = 0;
+};
+int64_t lm_head_vp_scratch_floats(int64_t N, int64_t Vl);
+// lm_head_cross_entropy over a vocabulary split across ranks: the loss is
+// that of the whole vocabulary on every rank; dh (N, C), if non-null, gets
+// this rank's part of the hidden-state gradient (the ranks' parts sum to
+// it) and dW (Vl, C) += its slice's gradient. scratch_bf16 (rows x Vl) is
+// used by the bf16 path only.
+double lm_head_cross_entropy_vp(const VocabHead& head, const int32_t* targets, int64_t N, int64_t C,
+                                float grad_scale, float* dh, float* dW, int64_t* valid,
+                                float* scratch, int64_t scratch_floats, uint16_t* scratch_bf16,
+                                const RowReduce& reduce);
 }  // namespace apiary::kernels

@@ -4,17 +4,43 @@
 
 namespace apiary::model {
 
-int64_t ParamInfo::numel() const {
+namespace {
+int64_t product(const std::vector<int64_t>& s) {
     int64_t n = 1;
-    for (int64_t d : shape) n *= d;
+    for (int64_t d : s) n *= d;
     return n;
 }
+}  // namespace
 
-const ParamInfo& ParamRegistry::add(const std::string& name, std::vector<int64_t> shape,
-                                    bool decay, int layer, bool pad_after) {
+int64_t ParamInfo::numel() const { return product(shape); }
+
+int64_t ParamInfo::global_numel() const { return product(global_shape); }
+
+core::Placement ParamInfo::placement() const {
+    return {global_shape, shape, shard.dim, shard.pieces};
+}
+
+ParamInfo& ParamRegistry::add(const std::string& name, std::vector<int64_t> shape, bool decay,
+                              int layer, bool pad_after, std::vector<int64_t> global_shape,
+                              Shard shard) {
     APIARY_CHECK(find(name) == nullptr, "parameter '{}' registered twice", name);
-    ParamInfo info{name, total_, std::move(shape), decay, layer};
+    ParamInfo info;
+    info.name = name;
+    info.offset = total_;
+    info.shape = std::move(shape);
+    info.decay = decay;
+    info.layer = layer;
+    info.global_shape = global_shape.empty() ? info.shape : std::move(global_shape);
+    info.shard = std::move(shard);
+    if (info.split()) {
+        int64_t along = 0;
+        for (const auto& p : info.shard.pieces) along += p.second;
+        APIARY_CHECK(along == info.shape[size_t(info.shard.dim)],
+                     "'{}': pieces of {} along dim {} but a local size of {}", name, along,
+                     info.shard.dim, info.shape[size_t(info.shard.dim)]);
+    }
     total_ += pad_after ? (info.numel() + 15) / 16 * 16 : info.numel();
+    index_[name] = int(entries_.size());
     entries_.push_back(std::move(info));
     return entries_.back();
 }
@@ -24,11 +50,14 @@ void ParamRegistry::align(int64_t multiple) {
     total_ = (total_ + multiple - 1) / multiple * multiple;
 }
 
+int ParamRegistry::index_of(const std::string& name) const {
+    const auto it = index_.find(name);
+    return it == index_.end() ? -1 : it->second;
+}
+
 const ParamInfo* ParamRegistry::find(const std::string& name) const {
-    for (const auto& e : entries_) {
-        if (e.name == name) return &e;
-    }
-    return nullptr;
+    const int i = index_of(name);
+    return i < 0 ? nullptr : &entries_[size_t(i)];
 }
 
 const ParamInfo& ParamRegistry::get(const std::string& name) const {

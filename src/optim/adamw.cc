@@ -23,7 +23,9 @@ AdamW::AdamW(std::vector<ParamRange> ranges, int64_t flat_size, AdamWOptions opt
 double AdamW::grad_norm(const float* grads) const {
     APIARY_PROFILE("grad norm");
     double ss = 0.0;
-    for (const auto& r : ranges_) ss += k::sum_squares(grads + r.grad_at(), r.numel);
+    for (const auto& r : ranges_) {
+        if (r.in_norm) ss += k::sum_squares(grads + r.grad_at(), r.numel);
+    }
     return std::sqrt(ss);
 }
 
@@ -42,8 +44,8 @@ bool AdamW::updates_all_params() const {
     return true;
 }
 
-double AdamW::step(float* params, const float* grads, float lr, float grad_scale,
-                   double raw_norm, uint16_t* params_bf16) {
+double AdamW::step(float* params, const float* grads, float lr, float grad_scale, double raw_norm,
+                   uint16_t* params_bf16) {
     APIARY_PROFILE("adamw");
     const double norm = (raw_norm >= 0 ? raw_norm : grad_norm(grads)) * grad_scale;
     float scale = grad_scale;

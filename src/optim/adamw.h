@@ -18,6 +18,11 @@ struct ParamRange {
     // while the parameters may still be the whole flat buffer.
     int64_t param_offset = -1;
     int64_t grad_offset = -1;
+    // Counted in grad_norm(): false where another rank holds the same
+    // gradient and counts it (data-parallel replicas, tensors replicated
+    // over tensor-parallel ranks, a tied embedding's second copy), so that
+    // the sum of every rank's grad_norm()^2 is the global norm squared.
+    bool in_norm = true;
     int64_t param_at() const { return param_offset < 0 ? offset : param_offset; }
     int64_t grad_at() const { return grad_offset < 0 ? offset : grad_offset; }
 };
@@ -31,14 +36,14 @@ struct AdamWOptions {
 };
 
 class AdamW {
-public:
+  public:
     // State (m, v) covers [shard_begin, shard_end) of the parameters' flat
     // layout (default: all of [0, flat_size)); step() updates only that
     // window, which is how ZeRO stage 1 shards the optimizer across ranks.
     AdamW(std::vector<ParamRange> ranges, int64_t flat_size, AdamWOptions options,
           int64_t shard_begin = 0, int64_t shard_end = -1);
 
-    // Global gradient L2 norm over all ranges (double accumulation).
+    // Gradient L2 norm over the ranges counted in it (double accumulation).
     double grad_norm(const float* grads) const;
     // One update at learning rate lr. grads are multiplied by grad_scale and,
     // if clipping is on and the scaled norm exceeds grad_clip, scaled down to
@@ -64,7 +69,7 @@ public:
     int64_t shard_end() const { return end_; }
     const AdamWOptions& options() const { return opt_; }
 
-private:
+  private:
     std::vector<ParamRange> ranges_;
     int64_t flat_size_;
     AdamWOptions opt_;

@@ -266,24 +266,12 @@ Calibration calibrate(const std::vector<RunRecord>& runs) {
     }
     // Coordinate descent, golden-section search in log space per parameter:
     // few parameters, a smooth objective, and no library worth a dependency.
-    const double g = (std::sqrt(5.0) - 1) / 2;
     for (int sweep = 0; sweep < 6; ++sweep) {
         for (auto& p : params) {
-            double a = std::log(p.lo), b = std::log(p.hi);
-            auto f = [&](double x) {
-                *p.value = std::exp(x);
+            *p.value = golden_log_min(p.lo, p.hi, [&](double x) {
+                *p.value = x;
                 return objective(runs, cal, nullptr);
-            };
-            double x1 = b - g * (b - a), x2 = a + g * (b - a);
-            double f1 = f(x1), f2 = f(x2);
-            for (int it = 0; it < 60; ++it) {
-                if (f1 < f2) {
-                    b = x2, x2 = x1, f2 = f1, x1 = b - g * (b - a), f1 = f(x1);
-                } else {
-                    a = x1, x1 = x2, f1 = f2, x2 = a + g * (b - a), f2 = f(x2);
-                }
-            }
-            *p.value = std::exp(0.5 * (a + b));
+            });
         }
     }
     objective(runs, cal, &after);
@@ -293,6 +281,22 @@ Calibration calibrate(const std::vector<RunRecord>& runs) {
                             runs[i].step_time_s, before[i], after[i]});
     }
     return cal;
+}
+
+double golden_log_min(double lo, double hi, const std::function<double(double)>& f) {
+    const double g = (std::sqrt(5.0) - 1) / 2;
+    double a = std::log(lo), b = std::log(hi);
+    auto fx = [&](double x) { return f(std::exp(x)); };
+    double x1 = b - g * (b - a), x2 = a + g * (b - a);
+    double f1 = fx(x1), f2 = fx(x2);
+    for (int it = 0; it < 60; ++it) {
+        if (f1 < f2) {
+            b = x2, x2 = x1, f2 = f1, x1 = b - g * (b - a), f1 = fx(x1);
+        } else {
+            a = x1, x1 = x2, f1 = f2, x2 = a + g * (b - a), f2 = fx(x2);
+        }
+    }
+    return std::exp(0.5 * (a + b));
 }
 
 }  // namespace apiary::plan

@@ -3,6 +3,7 @@
 // constants to apiary's own measured runs (run directories written by the
 // trainer: config.toml + metrics.jsonl), so that local predictions match.
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,5 +48,9 @@ RunRecord read_run(const std::string& dir, const core::Schema& schema, const std
 double median_step_time(const std::string& metrics_path, int* steps, long long* world_size);
 
 Calibration calibrate(const std::vector<RunRecord>& runs);
+
+// The x in [lo, hi] (lo > 0) that minimises f, by golden-section search in
+// log space: the fits here have few parameters and smooth objectives.
+double golden_log_min(double lo, double hi, const std::function<double(double)>& f);
 
 }  // namespace apiary::plan

@@ -14,19 +14,24 @@ namespace {
 
 constexpr double kT = 1e12, kG = 1e9, kGiB = 1024.0 * 1024 * 1024, kUs = 1e-6;
 
-// Achievable GEMM fractions (gemm_eff) are the one fitted constant per device
-// family. A100: 0.70, chosen against Korthikanti et al. 2022 (GPT-3 175B) and
-// checked, unchanged, against 20+ other published runs in tests/plan.
-// H100/H200: 0.70 too; Llama 3 405B's 43% MFU on 8,192 H100s with 16
-// pipeline stages (Dubey et al. 2024, Table 4) is out of reach below that.
-// B200, MI300X, TPU: unvalidated estimates (no public run with its full
-// layout was found); `apiary plan calibrate` replaces them with measured ones.
+// Achievable GEMM fractions (gemm_eff, and fp8_eff for fp8 GEMMs) are the
+// fitted constants per device family, chosen by `apiary plan validate --fit`
+// on the fit split of tests/plan/validation.toml and checked on its held-out
+// runs: A100 0.77 (Megatron-LM 2021 Table 1, Korthikanti et al. 2022);
+// H100 0.70 (Llama 3 405B on 8,192 GPUs) with fp8 at 0.93 of that (NeMo
+// 24.07); V100 0.87 (Megatron-LM V1.0); B200 0.61 and Gaudi 2 0.90 from
+// their fp8 runs alone (Megatron-Bridge 25.11, Intel's Llama 2 7B), so their
+// fp8 GEMMs reach the same fraction of the fp8 peak. H800 and H200 share the
+// H100's. The fractions sit on top of the roofline (step_time.cc: operand
+// traffic is costed separately), so they are the math units' share in
+// large GEMMs. MI250X, MI300X, TPUs: unvalidated estimates (no fit run);
+// `apiary plan calibrate` replaces them with measured ones.
 std::map<std::string, Device> make_devices() {
     std::map<std::string, Device> t;
     auto nvidia = [&](const std::string& name) -> Device& {
         Device& d = t[name];
         d.name = name, d.kind = "gpu";
-        d.gemm_eff = 0.70, d.gemm_knee = 64, d.mem_eff = 0.8;
+        d.gemm_eff = 0.77, d.gemm_knee = 64, d.mem_eff = 0.8;
         d.reserved_bytes = 2.0 * kGiB;  // CUDA context + cuBLAS/NCCL workspaces
         d.devices_per_node = 8;
         return d;
@@ -63,7 +68,7 @@ std::map<std::string, Device> make_devices() {
         s.mem_bytes = 80 * kGiB, s.mem_bw = 3350 * kG, s.tdp_w = 700;
         s.intra_link = "nvlink4", s.inter_link = "ib-ndr", s.topology = "rail-optimized";
         s.host_w_per_node = 10200 - 8 * 700;  // DGX H100: 10.2 kW max
-        s.gemm_eff = 0.70;
+        s.gemm_eff = 0.70, s.fp8_eff = 0.93;  // fitted: tests/plan/validation.toml
         // AWS p5.48xlarge on demand (2024, $98.32 per 8-GPU hour), per GPU.
         s.price_hour = 12.29, s.spot_price_hour = 4.92;
         s.source = "NVIDIA H100 datasheet; DGX H100 user guide";
@@ -72,7 +77,7 @@ std::map<std::string, Device> make_devices() {
         p.peak_fp16 = 756 * kT, p.peak_fp8 = 1513 * kT;
         p.mem_bytes = 80 * kGiB, p.mem_bw = 2000 * kG, p.tdp_w = 350;
         p.intra_link = "pcie5", p.inter_link = "roce-200", p.topology = "fat-tree";
-        p.host_w_per_node = 2000, p.gemm_eff = 0.65;
+        p.host_w_per_node = 2000, p.gemm_eff = 0.70;
         p.price_hour = 4.50, p.spot_price_hour = 1.80;
         p.source = "NVIDIA H100 datasheet (PCIe)";
         // NVIDIA H200 datasheet (2024): H100 SXM compute, 141 GB HBM3e at
@@ -90,9 +95,70 @@ std::map<std::string, Device> make_devices() {
         b.peak_fp16 = 2250 * kT, b.peak_fp8 = 4500 * kT;
         b.mem_bytes = 180e9, b.mem_bw = 8000 * kG, b.tdp_w = 1000;
         b.intra_link = "nvlink5", b.inter_link = "ib-xdr", b.topology = "rail-optimized";
-        b.host_w_per_node = 14300 - 8 * 1000, b.gemm_eff = 0.55;
+        b.host_w_per_node = 14300 - 8 * 1000, b.gemm_eff = 0.61, b.fp8_eff = 1.0;
         b.price_hour = 14.00, b.spot_price_hour = 5.60;
         b.source = "NVIDIA HGX B200 datasheet; DGX B200 user guide";
+    }
+    {
+        // NVIDIA Tesla V100 datasheet (2018): SXM2/SXM3 15.7 TF fp32, 125 TF
+        // fp16 tensor (no bf16: it falls back to fp32), 32 GB HBM2 at 900 GB/s,
+        // 300 W; NVLink 2: 300 GB/s bidirectional. DGX-2 datasheet: 16 GPUs on
+        // NVSwitch, 8 x 100 Gb/s InfiniBand EDR, 10 kW. (DGX-2H runs 450 W
+        // parts at 130 TF fp16: set cluster.peak_tflops = 130.)
+        Device& d = nvidia("V100-32GB");
+        d.peak_fp32 = 15.7 * kT, d.peak_tf32 = 15.7 * kT, d.peak_fp16 = 125 * kT;
+        d.mem_bytes = 32 * kGiB, d.mem_bw = 900 * kG, d.tdp_w = 300;
+        d.devices_per_node = 16, d.intra_link = "nvswitch-v100", d.inter_link = "ib-edr-half";
+        d.topology = "fat-tree", d.host_w_per_node = 10000 - 16 * 300;
+        d.reserved_bytes = 1.0 * kGiB, d.gemm_eff = 0.87;  // fitted: validation.toml
+        d.price_hour = 3.06, d.spot_price_hour = 0.92;     // AWS p3dn.24xlarge, per GPU
+        d.source = "NVIDIA V100 datasheet; DGX-2 datasheet";
+    }
+    {
+        // NVIDIA H800 SXM: the H100 SXM die and memory (989.4 TF bf16, 1,978.9
+        // TF fp8 dense, 80 GB HBM3 at 3.35 TB/s, 700 W) with NVLink cut to 400
+        // GB/s bidirectional; DeepSeek-V3 technical report (2024), Section 3.1:
+        // 8 GPUs per node on NVLink, 8 x 400 Gb/s InfiniBand per node.
+        Device& h = nvidia("H800");
+        h = t["H100-SXM"];
+        h.name = "H800", h.intra_link = "nvlink4-h800";
+        h.price_hour = 2.00, h.spot_price_hour = 2.00;  // DeepSeek-V3's rental assumption
+        h.source = "NVIDIA H800 product brief; DeepSeek-V3 technical report, Section 3.1";
+    }
+    {
+        // AMD Instinct MI250X datasheet (2021): per module 383 TF bf16/fp16,
+        // 95.7 TF fp32 matrix, 128 GB HBM2e at 3.2 TB/s, 560 W, two graphics
+        // compute dies (GCDs) that software sees as two GPUs. One device here
+        // is one GCD (half of each figure), as Frontier's users count them.
+        // Frontier (OLCF user guide): 4 MI250X (8 GCDs) per node, GCDs joined
+        // by Infinity Fabric at 50-200 GB/s, 4 Slingshot-11 NICs of 25 GB/s
+        // per node (one per module), dragonfly network.
+        Device& d = t["MI250X"];
+        d.name = "MI250X", d.kind = "gpu";
+        d.peak_fp32 = 47.9 * kT, d.peak_tf32 = 47.9 * kT, d.peak_bf16 = 191.5 * kT;
+        d.peak_fp16 = 191.5 * kT;
+        d.mem_bytes = 64 * kGiB, d.mem_bw = 1600 * kG, d.tdp_w = 280;
+        d.gemm_eff = 0.45, d.gemm_knee = 64, d.mem_eff = 0.7;
+        d.devices_per_node = 8, d.intra_link = "xgmi-mi250x", d.inter_link = "slingshot-half";
+        d.topology = "dragonfly+", d.host_w_per_node = 800, d.reserved_bytes = 2.0 * kGiB;
+        d.price_hour = 1.50, d.spot_price_hour = 0.60;
+        d.source = "AMD Instinct MI250X datasheet; OLCF Frontier user guide";
+    }
+    {
+        // Intel Gaudi 2 (HL-225H) datasheet / white paper (2022): 432 TF bf16
+        // (matrix engines), 865 TF fp8, 96 GB HBM2e at 2.46 TB/s, 600 W; 24
+        // on-chip 100 GbE RoCE ports: 21 join the 8 cards of a node all-to-all,
+        // 3 per card go out of the node.
+        Device& d = t["Gaudi2"];
+        d.name = "Gaudi2", d.kind = "gpu";
+        d.peak_fp32 = 432 * kT / 4, d.peak_tf32 = 432 * kT / 2, d.peak_bf16 = 432 * kT;
+        d.peak_fp16 = 432 * kT, d.peak_fp8 = 865 * kT;
+        d.mem_bytes = 96e9, d.mem_bw = 2460 * kG, d.tdp_w = 600;
+        d.gemm_eff = 0.90, d.gemm_knee = 128, d.mem_eff = 0.7;  // fitted: validation.toml
+        d.devices_per_node = 8, d.intra_link = "roce-gaudi2-21x100", d.inter_link = "roce-300";
+        d.topology = "fat-tree", d.host_w_per_node = 3000, d.reserved_bytes = 2.0 * kGiB;
+        d.price_hour = 1.30, d.spot_price_hour = 0.65;
+        d.source = "Intel Gaudi 2 datasheet and white paper (2022)";
     }
     {
         // AMD Instinct MI300X datasheet (2023): 163.4 TF fp32 (matrix),
@@ -125,6 +191,17 @@ std::map<std::string, Device> make_devices() {
         v4.topology = "dcn", v4.host_w_per_node = 0, v4.reserved_bytes = 0.5 * kGiB;
         v4.price_hour = 3.22, v4.spot_price_hour = 1.45;
         v4.source = "Jouppi et al. 2023 (TPU v4, ISCA); Cloud TPU pricing";
+        // TPU v3 (Jouppi et al. 2020, "A domain-specific supercomputer for
+        // training deep neural networks", CACM): 123 TF bf16 per chip (two
+        // cores), 32 GiB HBM at 900 GB/s, 1,024 chips per pod in a 2D torus,
+        // 4 ICI links of 656 Gb/s; ~450 W per chip (an estimate).
+        Device& v3 = t["TPUv3"];
+        v3 = v4;
+        v3.name = "TPUv3", v3.peak_fp32 = 123 * kT / 4, v3.peak_bf16 = 123 * kT;
+        v3.peak_fp16 = 123 * kT, v3.mem_bytes = 32 * kGiB, v3.mem_bw = 900 * kG;
+        v3.tdp_w = 450, v3.devices_per_node = 1024, v3.intra_link = "ici-v3";
+        v3.price_hour = 2.00, v3.spot_price_hour = 0.60;
+        v3.source = "Jouppi et al. 2020 (TPU v3, CACM); Cloud TPU pricing";
         Device& v5 = t["TPUv5p"];
         v5 = v4;
         v5.name = "TPUv5p", v5.peak_fp32 = 459 * kT / 4, v5.peak_bf16 = 459 * kT;
@@ -168,6 +245,14 @@ std::map<std::string, Link> make_links() {
     add("nvlink3", 300, 3, 0.77, "A100 datasheet: 12 links x 25 GB/s per direction");
     add("nvlink4", 450, 3, 0.8, "H100 datasheet: 18 links x 25 GB/s per direction");
     add("nvlink5", 900, 3, 0.8, "B200 datasheet: 1.8 TB/s bidirectional");
+    add("nvlink4-h800", 200, 3, 0.8, "H800: NVLink 400 GB/s bidirectional");
+    add("nvswitch-v100", 150, 4, 0.8, "V100 NVLink 2 through DGX-2 NVSwitch: 6 x 25 GB/s");
+    add("xgmi-mi250x", 50, 5, 0.7, "MI250X Infinity Fabric between modules: 50 GB/s per link");
+    add("roce-gaudi2-21x100", 262.5, 5, 0.8, "Gaudi 2: 21 x 100 GbE inside the node");
+    add("roce-300", 37.5, 8, 0.85, "Gaudi 2: 3 x 100 GbE per card out of the node");
+    add("ib-edr-half", 6.25, 5, 0.9, "DGX-2: 8 x InfiniBand EDR 100 Gb/s for 16 GPUs");
+    add("slingshot-half", 12.5, 5, 0.85, "Frontier: Slingshot-11 25 GB/s per MI250X (2 GCDs)");
+    add("ici-v3", 160, 2, 0.8, "TPU v3 ICI: 4 links x 656 Gb/s (2D torus)");
     add("xgmi", 448, 4, 0.7, "MI300X datasheet: 7 x 64 GB/s Infinity Fabric");
     add("pcie4", 32, 5, 0.8, "PCIe 4.0 x16: 32 GB/s per direction");
     add("pcie5", 64, 5, 0.8, "PCIe 5.0 x16: 64 GB/s per direction");

@@ -50,7 +50,10 @@ struct Device {
     // it: eff(m, n, k) = gemm_eff * m/(m+knee) * n/(n+knee) * k/(k+knee).
     double gemm_eff = 0.7;
     double gemm_knee = 64;
-    double mem_eff = 0.8;        // fraction of mem_bw that elementwise kernels reach
+    double mem_eff = 0.8;  // fraction of mem_bw that elementwise kernels reach
+    // Fraction of the bf16 GEMM efficiency that fp8 GEMMs reach (scaling and
+    // casts of Transformer Engine's delayed / block scaling included).
+    double fp8_eff = 1.0;
     int devices_per_node = 8;    // sharing the intra-node link
     std::string intra_link;      // Link name inside a node
     std::string inter_link;      // default Link name between nodes (per device NIC)

@@ -61,11 +61,18 @@ Path group_path(const Cluster& c, Group g) {
 
 namespace {
 
-// tree_ok: all-gather and reduce-scatter have no tree algorithm in NCCL (ring
-// only), so their latency grows with n whatever cluster.collective says.
-double all_reduce_path(const Cluster& c, const Path& p, long long n, double bytes, bool tree_ok) {
+// tree_ok: all-gather and reduce-scatter have neither a tree nor a
+// hierarchical algorithm in NCCL: one flat ring over all members (NCCL
+// 2.x tuning tables: ncclFuncAllGather / ncclFuncReduceScatter support
+// NCCL_ALGO_RING only, CollNet/NVLS aside), so their latency grows with n
+// as (n - 1) alpha unless cluster.collective = hierarchical says the library
+// does better. This is what makes DeepSpeed's 2021 ZeRO-3 collapse at
+// 768-1,536 GPUs (Narayanan et al. 2021, Table 2).
+double all_reduce_path(const Cluster& c, const Path& p, long long n, double bytes, bool tree_ok,
+                       bool own_nic = false) {
     if (n <= 1) return 0;
-    const Algo algo = !tree_ok && c.algo == Algo::tree ? Algo::ring : c.algo;
+    Algo algo = c.algo;
+    if (!tree_ok && (algo == Algo::tree || algo == Algo::automatic)) algo = Algo::ring;
     if (p.nodes == 1) {
         const double ring = ring_all_reduce_s(n, bytes, p.intra_bw, p.intra_alpha);
         const double tree = tree_ok ? tree_all_reduce_s(n, bytes, p.intra_bw, p.intra_alpha) : ring;
@@ -76,7 +83,7 @@ double all_reduce_path(const Cluster& c, const Path& p, long long n, double byte
     // Across nodes the members of a node drive their NICs in parallel
     // (NCCL runs one ring per NIC), so the bus bandwidth is per_node NICs,
     // capped by the intra-node link that feeds them.
-    const double k = double(p.per_node);
+    const double k = own_nic ? 1.0 : double(p.per_node);
     double bus = p.inter_bw * k;
     if (p.per_node > 1) bus = std::min(bus, p.intra_bw);
     const double ring = ring_all_reduce_s(n, bytes, bus, p.inter_alpha);
@@ -100,9 +107,9 @@ double all_reduce_path(const Cluster& c, const Path& p, long long n, double byte
 
 }  // namespace
 
-double all_reduce_s(const Cluster& c, Group g, double bytes) {
+double all_reduce_s(const Cluster& c, Group g, double bytes, bool own_nic) {
     if (g.size <= 1 || bytes <= 0) return 0;
-    return all_reduce_path(c, group_path(c, g), g.size, bytes, true);
+    return all_reduce_path(c, group_path(c, g), g.size, bytes, true, own_nic);
 }
 
 double reduce_scatter_s(const Cluster& c, Group g, double bytes) {
@@ -117,6 +124,16 @@ double p2p_s(const Cluster& c, long long stride, double bytes) {
     const Path p = group_path(c, Group{2, stride});
     if (p.nodes == 1) return p.intra_alpha + bytes / p.intra_bw;
     return p.inter_alpha + bytes / p.inter_bw;
+}
+
+double all_to_all_s(const Cluster& c, Group g, double bytes) {
+    if (g.size <= 1 || bytes <= 0) return 0;
+    const Path p = group_path(c, g);
+    const double n = double(g.size), local = double(p.per_node);
+    const double intra = bytes * (local - 1) / n / p.intra_bw + (local - 1) * p.intra_alpha;
+    if (p.nodes == 1) return intra;
+    const double inter = bytes * (n - local) / n / p.inter_bw + double(p.nodes - 1) * p.inter_alpha;
+    return std::max(intra, inter);
 }
 
 }  // namespace apiary::plan

@@ -30,8 +30,16 @@ struct Path {                // how a group maps onto the cluster
 };
 Path group_path(const Cluster& c, Group g);
 
-double all_reduce_s(const Cluster& c, Group g, double bytes);
+// own_nic: across nodes each rank's traffic leaves through its own NIC
+// (tensor parallelism's per-layer all-reduces, on the critical path); by
+// default the members of a node drive their NICs in parallel, as NCCL's
+// per-rail rings do for bucketed gradients.
+double all_reduce_s(const Cluster& c, Group g, double bytes, bool own_nic = false);
 double reduce_scatter_s(const Cluster& c, Group g, double bytes);  // = all-gather
 double p2p_s(const Cluster& c, long long stride, double bytes);
+// All-to-all in which every rank sends `bytes` in total, 1/size of it to
+// each member (itself included): the node-local share over the intra-node
+// link and the rest over the rank's NIC, concurrently.
+double all_to_all_s(const Cluster& c, Group g, double bytes);
 
 }  // namespace apiary::plan

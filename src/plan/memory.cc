@@ -1,6 +1,7 @@
 #include "plan/memory.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace apiary::plan {
 
@@ -15,12 +16,6 @@ StateBytes state_bytes(Dtype dtype) {
 
 double act_bytes(Dtype dtype) { return mixed(dtype) ? 2 : 4; }
 
-double layer_params(const core::ModelSpec& m) {
-    core::ModelSpec one = m, none = m;
-    one.n_layer = 1, none.n_layer = 0;
-    return double(one.num_params() - none.num_params());
-}
-
 double embed_params(const core::ModelSpec& m) {
     double e = double(m.vocab_size) * m.n_embd;
     if (m.arch == core::Arch::gpt2) e += double(m.max_seq_len) * m.n_embd;
@@ -28,9 +23,16 @@ double embed_params(const core::ModelSpec& m) {
 }
 
 double head_params(const core::ModelSpec& m) {
-    core::ModelSpec none = m;
-    none.n_layer = 0;
-    return double(none.num_params()) - embed_params(m);
+    const double norm = m.arch == core::Arch::gpt2 ? 2.0 * m.n_embd : double(m.n_embd);
+    return norm + (m.tie_embeddings ? 0.0 : double(m.vocab_size) * m.n_embd);
+}
+
+double layer_params(const core::ModelSpec& m) {
+    return (double(m.num_params()) - embed_params(m) - head_params(m)) / m.n_layer;
+}
+
+double expert_params(const core::ModelSpec& m) {
+    return m.moe() ? double(m.mlp_params(m.expert_ffn_dim())) : 0.0;
 }
 
 double zero_model_state_bytes(double params, long long dp, int stage, Dtype dtype) {
@@ -57,75 +59,154 @@ double layer_activation_bytes(const core::ModelSpec& m, int seq_len, int micro_b
     return scale * sbh * (linear + attn);
 }
 
+double block_activation_bytes(const Workload& w, const Layout& l, bool experts, Recompute r) {
+    const auto& m = w.model;
+    const bool gpt = m.arch == core::Arch::gpt2;  // dropout masks, GeLU
+    const double s = double(w.seq_len) / l.cp, b = l.micro_batch, h = m.n_embd, t = l.tp;
+    const double sb = s * b, sbh = sb * h, scale = act_bytes(w.dtype) / 2.0;
+    const double rep = l.sp ? t : 1.0;                       // replicated tensors shard with SP
+    if (r == Recompute::full) return scale * 2 * sbh / rep;  // the block input
+    // Norm inputs, QKV and MLP inputs (2 bytes each), dropout masks (1 byte).
+    double bytes = (8 + (gpt ? 2 : 0)) * sbh / rep;
+    // Q, K, V and the attention output (input of the output projection).
+    const double kv = m.mla() ? double(m.qk_width() + m.v_width()) : 2.0 * m.kv_dim();
+    bytes += 2 * sb * (double(m.qk_width()) + kv + double(m.v_width())) / t;
+    const double a = m.n_head;
+    if (w.flash) {
+        bytes += 4 * a * sb / t;  // fp32 log-sum-exp per row
+    } else if (r != Recompute::selective) {
+        // Softmax output, and with dropout its mask and output: 5as^2b (GPT).
+        bytes += (gpt ? 5.0 : 2.0) * a * s * s * b / t;
+    }
+    const double act = gpt ? 4 : 6;  // GeLU: in, out; SwiGLU: gate, up, product
+    if (!experts) return scale * (bytes + act * sb * double(m.ffn_dim()) / t);
+    // Routed experts: k copies of each token (x capacity), their inputs and
+    // outputs and intermediate activations; shared experts; fp32 router logits.
+    const double k = double(m.n_expert_active) * w.capacity_factor;
+    const double fe = m.expert_ffn_dim();
+    bytes += 2 * 2 * sbh * k / rep + act * sb * fe * (k + m.n_shared_expert) / t;
+    bytes += 4 * sb * double(m.n_expert);
+    return scale * bytes;
+}
+
 double stage_layers(const core::ModelSpec& m, const Layout& l) {
-    return double((m.n_layer + l.pp - 1) / l.pp);
+    // Interleaved: v chunks per stage, the fullest of ceil(L / (p v)) blocks.
+    const int v = l.schedule == Schedule::interleaved ? std::max(1, l.vpp) : 1;
+    return double(v * ((m.n_layer + l.pp * v - 1) / (l.pp * v)));
 }
 
 namespace {
 
-// Parameters on one device of stage `stage` (0 .. pp-1).
-double stage_params(const core::ModelSpec& m, const Layout& l, int stage) {
-    const double lp = stage_layers(m, l);
-    double p = lp * layer_params(m);
+// Blocks of pipeline stage `stage`, and how many of them have experts.
+std::pair<int, int> stage_blocks(const core::ModelSpec& m, const Layout& l, int stage) {
+    const int lp = int(stage_layers(m, l));
+    const int first = std::min(m.n_layer, stage * lp), last = std::min(m.n_layer, first + lp);
+    const int moe = m.moe() ? std::max(0, last - std::max(first, m.moe_dense_layers)) : 0;
+    return {last - first, moe};
+}
+
+}  // namespace
+
+StageParams stage_param_split(const core::ModelSpec& m, const Layout& l, int stage) {
+    const auto [blocks, moe] = stage_blocks(m, l, stage);
+    StageParams p;
+    if (m.moe()) {
+        // Each block by its kind: a dense MLP, or router + shared experts.
+        const double attn = double(m.attn_params()) + 2.0 * m.n_embd;  // + norms
+        const double dense = attn + double(m.mlp_params(m.ffn_dim()));
+        const double shared =
+            attn + double(m.n_embd) * m.n_expert + m.n_shared_expert * expert_params(m);
+        p.dense = (blocks - moe) * dense + moe * shared;
+        p.expert = moe * m.n_expert * expert_params(m) / l.ep;
+    } else {
+        p.dense = blocks * layer_params(m);
+    }
     const bool first = stage == 0, last = stage == l.pp - 1;
-    if (first) p += embed_params(m);
+    if (first) p.dense += embed_params(m);
     if (last) {
-        p += head_params(m);
+        p.dense += head_params(m);
         // A tied LM head on another stage than the embedding keeps its own
         // copy (Megatron-LM: the embedding is replicated on the last stage).
-        if (m.tie_embeddings && !first) p += double(m.vocab_size) * m.n_embd;
+        if (m.tie_embeddings && !first) p.dense += double(m.vocab_size) * m.n_embd;
     }
-    return p / l.tp;
+    p.dense /= l.tp, p.expert /= l.tp;
+    return p;
 }
+
+namespace {
 
 long long in_flight(const Layout& l, int stage) {
     // Micro-batches whose activations a stage holds at its peak: GPipe keeps
     // all of them; 1F1B keeps pp - stage; interleaving adds (p-1)/(p v) of
     // a pipeline's worth (Narayanan et al. 2021, Korthikanti et al. 2022).
     if (l.schedule == Schedule::gpipe) return l.n_micro;
-    const long long k = std::min<long long>(l.pp - stage, l.n_micro);
-    return k;
+    return std::min<long long>(l.pp - stage, l.n_micro);
+}
+
+// Activations of the stage's blocks for one micro-batch, and the largest
+// single block (what full recomputation re-materialises at a time).
+std::pair<double, double> stage_block_activations(const Workload& w, const Layout& l, int stage) {
+    const auto [blocks, moe] = stage_blocks(w.model, l, stage);
+    const double dense = block_activation_bytes(w, l, false, l.recompute);
+    const double routed = moe > 0 ? block_activation_bytes(w, l, true, l.recompute) : 0.0;
+    const double peak = std::max(block_activation_bytes(w, l, false, Recompute::none),
+                                 moe > 0 ? block_activation_bytes(w, l, true, Recompute::none) : 0);
+    return {(blocks - moe) * dense + moe * routed, peak};
 }
 
 Memory stage_memory(const Workload& w, const Layout& l, const Cluster& c, int stage) {
     const auto& m = w.model;
     const StateBytes sb = state_bytes(w.dtype);
-    const double dp = double(l.dp);
-    const double p = stage_params(m, l, stage);
+    // Dense weights are replicated over dp x cp ranks, experts over dp x cp / ep.
+    const double d = double(l.dp) * l.cp, de = d / l.ep;
+    const StageParams p = stage_param_split(m, l, stage);
+    auto shard = [&](double bytes, int from) {
+        return bytes * (p.dense / (l.zero >= from ? d : 1) + p.expert / (l.zero >= from ? de : 1));
+    };
     Memory mem;
-    mem.params = p * sb.weight / (l.zero >= 3 ? dp : 1);
-    mem.grads = p * sb.grad / (l.zero >= 2 ? dp : 1);
-    mem.optimizer = p * sb.optimizer / (l.zero >= 1 ? dp : 1);
+    mem.params = shard(sb.weight, 3);
+    mem.grads = shard(sb.grad, 2);
+    mem.optimizer = shard(sb.optimizer, 1);
 
-    const double lp = stage_layers(m, l);
-    const double per_layer =
-        layer_activation_bytes(m, w.seq_len, l.micro_batch, l.tp, l.sp, l.recompute, w.dtype);
     double mult = double(in_flight(l, stage));
     if (l.schedule == Schedule::interleaved && l.vpp > 1) {
         mult = std::min<double>(mult * (1.0 + double(l.pp - 1) / (double(l.pp) * l.vpp)),
                                 double(l.n_micro));
     }
-    const double sbh = double(w.seq_len) * l.micro_batch * m.n_embd;
+    const double s = double(w.seq_len) / l.cp;
+    const double sbh = s * l.micro_batch * m.n_embd;
     const double ab = act_bytes(w.dtype);
-    double act = lp * per_layer * mult;
-    // Full recomputation re-materialises one block at a time in backward.
-    if (l.recompute == Recompute::full) {
-        act += layer_activation_bytes(m, w.seq_len, l.micro_batch, l.tp, l.sp, Recompute::none,
-                                      w.dtype);
-    }
+    const auto [blocks, peak] = stage_block_activations(w, l, stage);
+    double act = blocks * mult;
+    if (l.recompute == Recompute::full) act += peak;
     // Embedding dropout mask per micro-batch in flight (Korthikanti eq. 5:
     // sbhp/t) and, on the last stage, the LM head input and fp32 logits for
     // the cross entropy (4sbh/t + 4sbV/t).
-    if (stage == 0) act += sbh * mult / l.tp;
+    if (stage == 0 && m.arch == core::Arch::gpt2) act += sbh * mult / l.tp;
     if (stage == l.pp - 1) {
-        act += (2 * sbh * ab + 4.0 * w.seq_len * l.micro_batch * double(m.vocab_size)) / l.tp;
+        // Unfused, the bf16 logits, their fp32 copy and its fp32 gradient
+        // are all live when the loss is differentiated: 10 sbV/t.
+        const double logits = c.fused_ce ? 4.0 : 10.0;
+        act += (2 * sbh * ab + logits * s * l.micro_batch * double(m.vocab_size)) / l.tp;
     }
     mem.activations = act;
+    mem.allocator = c.alloc_frac * act;
 
     double buf = c.dev.reserved_bytes;
-    if (l.dp > 1 && l.zero < 3) buf += std::min(p, 40e6) * 4;        // one fp32 DP bucket
-    if (l.zero >= 3) buf += 2 * layer_params(m) / l.tp * sb.weight;  // gathered + prefetched
+    if (l.dp * l.cp > 1 && l.zero < 3) buf += std::min(p.total(), 40e6) * 4;  // fp32 DP bucket
+    if (l.zero >= 3 && c.impl == Impl::fsdp && l.pp > 1) {
+        // FSDP under pipeline parallelism does not reshard after forward
+        // (torchtitan's parallelize_llama: per-micro-batch all-gathers would
+        // be exposed), so the stage's weights stay gathered in 16 bits, and
+        // their gradients accumulate unsharded until the last micro-batch,
+        // in the fp32 reduce dtype (FSDP2's unsharded_accumulated_grad).
+        buf += p.total() * (sb.weight + 4.0);
+    } else if (l.zero >= 3) {
+        const double block = layer_params(m) / l.tp;
+        buf += 2 * block * sb.weight;  // gathered + prefetched
+    }
     if (l.tp > 1) buf += 2 * sbh * ab;  // TP all-gather / all-reduce staging
+    if (m.moe()) buf += 2 * sbh * m.n_expert_active * w.capacity_factor * ab;  // all-to-all
     mem.buffers = buf;
     mem.capacity = c.dev.mem_bytes / (c.dev.shared_by_ranks ? double(c.ranks_per_node()) : 1.0);
     return mem;
@@ -135,7 +216,7 @@ Memory stage_memory(const Workload& w, const Layout& l, const Cluster& c, int st
 
 double stage_params_per_device(const core::ModelSpec& m, const Layout& l) {
     double best = 0;
-    for (int s : {0, l.pp - 1}) best = std::max(best, stage_params(m, l, s));
+    for (int s : {0, l.pp - 1}) best = std::max(best, stage_param_split(m, l, s).total());
     return best;
 }
 

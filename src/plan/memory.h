@@ -1,6 +1,6 @@
 #pragma once
 // Memory per device: model states (Rajbhandari et al. 2020, ZeRO), activations
-// (Korthikanti et al. 2022, Table 2) and communication buffers.
+// (Korthikanti et al. 2022, Table 2, generalised) and communication buffers.
 
 #include "plan/types.h"
 
@@ -17,25 +17,44 @@ StateBytes state_bytes(Dtype dtype);
 // Bytes of one element of a stored activation.
 double act_bytes(Dtype dtype);
 
-// Parameters of one transformer block, and of everything outside the blocks.
+// Parameters of one transformer block (the average over the blocks for a
+// mixture of experts), of one expert, and of everything outside the blocks.
 double layer_params(const core::ModelSpec& m);
-double embed_params(const core::ModelSpec& m);  // token (+ position) embeddings
-double head_params(const core::ModelSpec& m);   // LM head + final norm, untied
+double expert_params(const core::ModelSpec& m);  // one routed expert's MLP
+double embed_params(const core::ModelSpec& m);   // token (+ position) embeddings
+double head_params(const core::ModelSpec& m);    // LM head + final norm, untied
 
 // Model-state bytes per device for a model of `params` on `dp` ranks at a
 // ZeRO stage, exactly as the ZeRO paper's closed forms (no tp/pp).
 double zero_model_state_bytes(double params, long long dp, int stage, Dtype dtype);
 
-// Activation bytes of one block for one micro-batch on one device
-// (Korthikanti et al. 2022, Table 2), scaled for fp32.
+// Activation bytes of one GPT block for one micro-batch on one device with
+// the attention scores stored (Korthikanti et al. 2022, Table 2), scaled for
+// fp32. block_activation_bytes generalises it (below).
 double layer_activation_bytes(const core::ModelSpec& m, int seq_len, int micro_batch, int tp,
                               bool sp, Recompute r, Dtype dtype);
+
+// Activation bytes of one block (a MoE block when `experts`) for one
+// micro-batch on one device, tensor by tensor as Korthikanti et al. 2022
+// count them, for any attention (grouped-query, latent), MLP (GeLU, SwiGLU),
+// fused or stored attention scores, 1/cp of the sequence, and routed
+// experts (each token's k copies, padded by the capacity factor). For a
+// GPT block with stored scores it equals layer_activation_bytes.
+double block_activation_bytes(const Workload& w, const Layout& l, bool experts, Recompute r);
 
 // Blocks on the fullest pipeline stage: ceil(L / pp). Megatron-LM needs pp to
 // divide L; other frameworks (DeepSpeed, Llama 3's) balance uneven stages,
 // e.g. 126 layers on 16 stages, so an uneven split is allowed and costed by
 // its fullest stage.
 double stage_layers(const core::ModelSpec& m, const Layout& l);
+
+// Parameters one device of a pipeline stage holds: those replicated over the
+// data-parallel ranks (dense) and the expert weights (sharded over ep).
+struct StageParams {
+    double dense = 0, expert = 0;
+    double total() const { return dense + expert; }
+};
+StageParams stage_param_split(const core::ModelSpec& m, const Layout& l, int stage);
 
 // Parameters held by one device on the fullest pipeline stage.
 double stage_params_per_device(const core::ModelSpec& m, const Layout& l);

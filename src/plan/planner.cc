@@ -59,6 +59,89 @@ Algo parse_algo(const std::string& s) {
         "cluster.collective: unknown value '{}' (known: auto, ring, tree, hierarchical)", s));
 }
 
+const char* impl_name(Impl i) {
+    switch (i) {
+        case Impl::megatron:
+            return "megatron";
+        case Impl::megatron2019:
+            return "megatron-2019";
+        case Impl::deepspeed:
+            return "deepspeed";
+        case Impl::fsdp:
+            return "fsdp";
+        case Impl::apiary:
+            return "apiary";
+    }
+    return "?";
+}
+Impl parse_impl(const std::string& s) {
+    for (Impl i : {Impl::megatron, Impl::megatron2019, Impl::deepspeed, Impl::fsdp, Impl::apiary}) {
+        if (s == impl_name(i)) return i;
+    }
+    throw ConfigError(fmt::format(
+        "cluster.implementation: unknown value '{}' (known: megatron, megatron-2019, deepspeed, "
+        "fsdp, apiary)",
+        s));
+}
+
+namespace {
+
+// Fractions of the catalog's (Megatron-fitted) GEMM efficiency that the
+// other stacks reach, fitted on the validation set's fit split
+// (tests/plan/validation.toml; `apiary plan validate --fit`): DeepSpeed's
+// pipeline engine on MT-NLG 530B, PyTorch FSDP on MosaicML's MPT runs,
+// Megatron-LM's 2019 code on its own single-V100 baseline (Shoeybi et al.
+// 2019, Section 5.1: 39 TFLOP/s where the 2020 V1.0 code ran 62).
+constexpr double kDeepSpeedEff = 0.81;
+constexpr double kFsdpEff = 0.85;
+constexpr double kMegatron2019Eff = 0.49;
+// Host seconds per kernel launch in PyTorch eager with Transformer Engine
+// (Python dispatch, autograd bookkeeping, the CUDA launch itself; a few to
+// tens of microseconds per operator), fitted on the fit split's dropless MoE
+// runs (Megatron-Bridge 26.02, Qwen3-30B-A3B).
+constexpr double kLaunchS = 33e-6;
+// Bytes PyTorch's caching allocator holds per byte of live activations
+// (fragmentation of freed blocks of other sizes), fitted on the fit split's
+// published peak reserved memory (torchtitan, docs/performance.md).
+constexpr double kAllocFrac = 0.33;
+
+}  // namespace
+
+void apply_profile(Cluster& c, Impl impl) {
+    c.impl = impl;
+    c.impl_eff = 1.0, c.pp_scatter = true, c.moe_overlap = 0, c.cp_overlap = 1;
+    c.dp_overlap = c.dev.dp_overlap, c.zero3_gathers = 1, c.launch_s = kLaunchS;
+    c.fused_ce = true, c.alloc_frac = c.dev.kind == "cpu" ? 0.0 : kAllocFrac;
+    switch (impl) {
+        case Impl::megatron:
+            break;
+        case Impl::megatron2019:
+            // Megatron-LM 2019: no fused kernels yet, and its local
+            // DistributedDataParallel all-reduces the gradients after
+            // backward (model.allreduce_params in the training step).
+            c.impl_eff = kMegatron2019Eff, c.dp_overlap = 0;
+            break;
+        case Impl::deepspeed:
+            // Pipeline engine: whole activations between stages, gradient
+            // reduction after the last micro-batch; ZeRO-3 gathers each
+            // parameter tensor (Rajbhandari et al. 2021).
+            c.impl_eff = kDeepSpeedEff, c.pp_scatter = false, c.dp_overlap = 0;
+            c.zero3_gathers = 0;
+            break;
+        case Impl::fsdp:
+            // One flat parameter per block, gathered ahead of use and
+            // reduce-scattered behind backward (Zhao et al. 2023); the loss
+            // is PyTorch's cross entropy on upcast logits.
+            c.impl_eff = kFsdpEff, c.pp_scatter = false, c.fused_ce = false;
+            break;
+        case Impl::apiary:
+            // This project's trainer: a blocking all-reduce after backward,
+            // its own allocator.
+            c.pp_scatter = false, c.dp_overlap = 0, c.zero3_gathers = 0, c.alloc_frac = 0;
+            break;
+    }
+}
+
 void add_keys(core::Schema& s) {
     s.add_string("cluster.device", "epyc-zen5-2c",
                  "accelerator from the catalog (`apiary plan devices` lists them)");
@@ -81,10 +164,31 @@ void add_keys(core::Schema& s) {
                "fraction of a micro-batch's backward that can hide DP communication "
                "(-1: the device's: 1 for GPUs, 0 for CPU ranks)",
                -1, 1);
-    s.add_int("cluster.zero3_gathers_per_block", 1,
-              "ZeRO-3 all-gathers per block: 1 for FSDP-style flat parameters, about the "
-              "number of weight tensors (12 for GPT) for per-parameter gathers",
-              1, 1000);
+    s.add_string("cluster.implementation", "megatron",
+                 "software stack: megatron, megatron-2019, deepspeed, fsdp or apiary "
+                 "(docs/planner.md)",
+                 {"megatron", "megatron-2019", "deepspeed", "fsdp", "apiary"});
+    s.add_int("cluster.zero3_gathers_per_block", -1,
+              "ZeRO-3 all-gathers per block: 1 for FSDP-style flat parameters, 0 for one per "
+              "weight tensor (12 for GPT, 9 for LLaMA); -1: the implementation's",
+              -1, 1000);
+    s.add_real("cluster.moe_overlap", -1,
+               "fraction of the expert all-to-all hidden behind compute (-1: the "
+               "implementation's, 0)",
+               -1, 1);
+    s.add_real("cluster.cp_overlap", -1,
+               "fraction of the context-parallel key/value exchange hidden behind attention (-1: "
+               "the implementation's, 1 for ring attention; 0 for an all-gather of K and V "
+               "before attention, as Llama 3 did)",
+               -1, 1);
+    s.add_string("plan.attention", "flash",
+                 "attention kernel: flash (fused, no stored scores; every run since 2022) or "
+                 "materialized (scores stored, as Megatron-LM 2021-2022)",
+                 {"flash", "materialized"});
+    s.add_real("plan.capacity_factor", 1.0,
+               "tokens each expert computes relative to an even split (GShard/Switch capacity; "
+               "load imbalance of a dropless router)",
+               1.0, 16.0);
     s.add_real("cluster.price_per_hour", 0, "USD per device-hour on demand (0: catalog)", 0, 1e6);
     s.add_real("cluster.spot_price_per_hour", 0, "USD per device-hour on spot (0: catalog)", 0,
                1e6);
@@ -141,9 +245,11 @@ Cluster cluster_from(const core::Config& cfg, long long devices) {
     }
     c.n = devices;
     c.algo = parse_algo(cfg.get_string("cluster.collective"));
-    c.dp_overlap = cfg.get_real("cluster.dp_overlap");
-    if (c.dp_overlap < 0) c.dp_overlap = d.dp_overlap;
-    c.zero3_gathers = int(cfg.get_int("cluster.zero3_gathers_per_block"));
+    apply_profile(c, parse_impl(cfg.get_string("cluster.implementation")));
+    if (auto v = cfg.get_real("cluster.dp_overlap"); v >= 0) c.dp_overlap = v;
+    if (auto v = cfg.get_int("cluster.zero3_gathers_per_block"); v >= 0) c.zero3_gathers = int(v);
+    if (auto v = cfg.get_real("cluster.moe_overlap"); v >= 0) c.moe_overlap = v;
+    if (auto v = cfg.get_real("cluster.cp_overlap"); v >= 0) c.cp_overlap = v;
     c.pue = cfg.get_real("cluster.pue");
     c.idle_frac = cfg.get_real("cluster.idle_frac");
     c.network_w_per_device = cfg.get_real("cluster.network_w_per_device");
@@ -188,20 +294,44 @@ std::string layout_problem(const Workload& w, const Layout& l) {
     if (m.n_head % l.tp != 0) {
         return fmt::format("parallel.tp = {} does not divide model.n_head = {}", l.tp, m.n_head);
     }
-    if (l.tp > m.n_kv_head ? l.tp % m.n_kv_head != 0 : m.n_kv_head % l.tp != 0) {
+    if (!m.mla() && (l.tp > m.n_kv_head ? l.tp % m.n_kv_head != 0 : m.n_kv_head % l.tp != 0)) {
         return fmt::format("parallel.tp = {} and model.n_kv_head = {}: one must divide the other",
                            l.tp, m.n_kv_head);
     }
-    if (m.ffn_dim() % l.tp != 0) {
-        return fmt::format("parallel.tp = {} does not divide the MLP width {}", l.tp, m.ffn_dim());
+    if (m.ffn_dim() % l.tp != 0 || (m.moe() && m.expert_ffn_dim() % l.tp != 0)) {
+        return fmt::format("parallel.tp = {} does not divide the MLP width {}", l.tp,
+                           m.moe() ? m.expert_ffn_dim() : m.ffn_dim());
+    }
+    if (l.cp > 1 && w.seq_len % (2 * l.cp) != 0) {
+        return fmt::format(
+            "parallel.cp = {} needs train.seq_len = {} divisible by 2 x cp (each rank takes two "
+            "chunks, one early and one late, to balance the causal mask)",
+            l.cp, w.seq_len);
+    }
+    if (l.ep > 1 && !m.moe()) {
+        return fmt::format("parallel.ep = {} but the model has no experts (model.n_expert = 0)",
+                           l.ep);
+    }
+    if (m.moe() && m.n_expert % l.ep != 0) {
+        return fmt::format("parallel.ep = {} does not divide model.n_expert = {}", l.ep,
+                           m.n_expert);
+    }
+    if (l.dp % l.ep != 0) {
+        return fmt::format(
+            "parallel.ep = {} does not divide the {} data-parallel ranks it is carved from", l.ep,
+            l.dp);
+    }
+    if (l.schedule == Schedule::interleaved && l.pp == 1) {
+        return "parallel.schedule = interleaved needs parallel.pp > 1 (there is no pipeline to "
+               "interleave): use 1f1b";
     }
     const int chunks = l.schedule == Schedule::interleaved ? l.vpp : 1;
-    // Uneven stages are allowed (the fullest one is costed); interleaving
-    // needs whole layers per chunk.
-    if (l.pp > m.n_layer || (chunks > 1 && m.n_layer % (l.pp * chunks) != 0)) {
-        return fmt::format("parallel.pp = {}{} does not divide model.n_layer = {}{}", l.pp,
-                           chunks > 1 ? fmt::format(" x {} virtual stages", chunks) : "", m.n_layer,
-                           chunks > 1 ? "" : " (more stages than layers)");
+    // Uneven stages and chunks are allowed (the fullest one is costed), as
+    // Megatron-Core and DeepSpeed balance them; every chunk needs a block.
+    if (l.pp * chunks > m.n_layer) {
+        return fmt::format(
+            "parallel.pp = {}{} is more than model.n_layer = {}: a stage needs a block", l.pp,
+            chunks > 1 ? fmt::format(" x {} virtual stages", chunks) : "", m.n_layer);
     }
     if (w.global_batch % (l.dp * l.micro_batch) != 0) {
         return fmt::format(
@@ -230,15 +360,36 @@ PlanInput resolve_input(const core::Config& cfg, bool check_layout) {
     w.seq_len = int(cfg.get_int("train.seq_len"));
     w.dtype = parse_dtype(cfg.get_string("train.precision"));
     w.tokens = cfg.get_real("plan.tokens");
+    w.flash = cfg.get_string("plan.attention") == "flash";
+    w.capacity_factor = cfg.get_real("plan.capacity_factor");
+    if (w.seq_len > w.model.max_seq_len) {
+        throw ConfigError(fmt::format(
+            "train.seq_len = {} is longer than the model's model.max_seq_len = {} (its position "
+            "table): shorten the sequence or raise model.max_seq_len",
+            w.seq_len, w.model.max_seq_len));
+    }
     l.tp = int(cfg.get_int("parallel.tp"));
     l.pp = int(cfg.get_int("parallel.pp"));
+    l.cp = int(cfg.get_int("parallel.cp"));
+    l.ep = int(cfg.get_int("parallel.ep"));
     l.zero = int(cfg.get_int("parallel.zero_stage"));
     l.recompute = parse_recompute(cfg.get_string("parallel.recompute"));
     l.sp = cfg.get_bool("parallel.sequence_parallel") && l.tp > 1;
+    if (cfg.get_bool("parallel.sequence_parallel") && l.tp == 1) {
+        in.warnings.push_back(
+            "parallel.sequence_parallel = true is ignored: it shards along tensor-parallel "
+            "ranks and parallel.tp = 1");
+    }
+    if (cfg.get_string("parallel.axis_order") != "tp,pp,dp") {
+        in.warnings.push_back(fmt::format(
+            "parallel.axis_order = '{}' is not used by the planner: it places ranks tp, cp, dp "
+            "(ep inside dp), pp, as Megatron-Core does",
+            cfg.get_string("parallel.axis_order")));
+    }
     l.schedule = parse_schedule(cfg.get_string("parallel.schedule"));
     l.vpp = l.schedule == Schedule::interleaved ? int(cfg.get_int("plan.virtual_stages")) : 1;
     l.micro_batch = int(cfg.get_int("train.batch_size"));
-    const long long model_par = (long long)l.tp * l.pp;
+    const long long model_par = (long long)l.tp * l.cp * l.pp;
     long long n = cfg.get_int("cluster.gpus");
     long long dp = cfg.get_int("parallel.dp");
     if (n == 0) n = model_par * std::max<long long>(1, dp);
@@ -248,15 +399,15 @@ PlanInput resolve_input(const core::Config& cfg, bool check_layout) {
     } else if (dp == 0) {
         if (n % model_par != 0) {
             throw ConfigError(fmt::format(
-                "cluster.gpus = {} is not divisible by parallel.tp x parallel.pp = {} x {}: "
-                "choose tp and pp whose product divides the device count",
-                n, l.tp, l.pp));
+                "cluster.gpus = {} is not divisible by parallel.tp x cp x pp = {} x {} x {}: "
+                "choose tp, cp and pp whose product divides the device count",
+                n, l.tp, l.cp, l.pp));
         }
         dp = n / model_par;
     } else if (dp * model_par != n) {
-        throw ConfigError(fmt::format(
-            "parallel.tp x parallel.pp x parallel.dp = {} x {} x {} = {} but cluster.gpus = {}",
-            l.tp, l.pp, dp, dp * model_par, n));
+        throw ConfigError(
+            fmt::format("parallel.tp x cp x pp x dp = {} x {} x {} x {} = {} but cluster.gpus = {}",
+                        l.tp, l.cp, l.pp, dp, dp * model_par, n));
     }
     l.dp = dp;
     const long long gb = cfg.get_int("plan.global_batch");
@@ -270,8 +421,51 @@ PlanInput resolve_input(const core::Config& cfg, bool check_layout) {
             "parallel.microbatches = {} but global batch {} / (dp {} x micro-batch {}) = {}", mb,
             w.global_batch, l.dp, l.micro_batch, l.n_micro));
     }
-    if (l.zero > 0 && l.dp == 1) l.zero = 0;  // nothing to shard over
+    if (l.zero > 0 && l.dp * l.cp == 1) {
+        in.warnings.push_back(fmt::format(
+            "parallel.zero_stage = {} is ignored: there is one data-parallel rank to shard over",
+            l.zero));
+        l.zero = 0;
+    }
     return in;
+}
+
+std::vector<std::string> plan_warnings(const Workload& w, const Layout& l, const Cluster& c,
+                                       const Totals& t) {
+    std::vector<std::string> v;
+    const Device& d = c.dev;
+    if (w.dtype == Dtype::fp8 && d.peak_fp8 <= 0) {
+        v.push_back(fmt::format("{} has no fp8 matrix units: fp8 is costed at its {} peak", d.name,
+                                d.peak_bf16 > 0 ? "bf16" : "fp16"));
+    }
+    if (w.dtype == Dtype::bf16 && d.peak_bf16 <= 0) {
+        v.push_back(
+            fmt::format("{} has no bf16 matrix units: bf16 is costed at its fp32 peak "
+                        "(use train.precision = fp16)",
+                        d.name));
+    }
+    if (l.tp > c.ranks_per_node()) {
+        v.push_back(fmt::format(
+            "tensor parallelism spans nodes (parallel.tp = {} > {} devices per node): every "
+            "block's all-reduces cross the network",
+            l.tp, c.ranks_per_node()));
+    }
+    if (w.flash && l.recompute == Recompute::selective) {
+        v.push_back(
+            "parallel.recompute = selective recomputes the attention scores, which fused "
+            "attention (plan.attention = flash) never stores: it changes nothing");
+    }
+    if (!w.model.moe() && w.capacity_factor != 1.0) {
+        v.push_back("plan.capacity_factor is ignored: the model has no experts");
+    }
+    if (w.tokens > 0 && !(t.goodput > 0)) {
+        v.push_back(fmt::format(
+            "goodput is 0: {} nodes fail about every {:.3g} s, sooner than a checkpoint and "
+            "restart take; the run never finishes (raise cluster.mtbf_node_hours, or shorten "
+            "cluster.checkpoint_s / cluster.restart_s)",
+            c.nodes(), 3600 * c.mtbf_node_hours / double(c.nodes())));
+    }
+    return v;
 }
 
 Plan evaluate(const Workload& w, const Layout& l, const Cluster& c) {
@@ -282,20 +476,25 @@ Plan evaluate(const Workload& w, const Layout& l, const Cluster& c) {
     p.st = step_time(w, l, c);
     p.tot = run_totals(w, l, c, p.st, p.mem);
     p.fits = p.mem.fits();
+    p.warnings = plan_warnings(w, l, c, p.tot);
     if (!p.fits) {
         p.why = fmt::format(
             "needs {:.1f} GiB per device (params {:.1f}, grads {:.1f}, optimizer {:.1f}, "
-            "activations {:.1f}, buffers {:.1f}) but {} has {:.1f} GiB",
+            "activations {:.1f}, buffers {:.1f}, allocator {:.1f}) but {} has {:.1f} GiB",
             p.mem.total() / kGiB, p.mem.params / kGiB, p.mem.grads / kGiB, p.mem.optimizer / kGiB,
-            p.mem.activations / kGiB, p.mem.buffers / kGiB, c.dev.name, p.mem.capacity / kGiB);
+            p.mem.activations / kGiB, p.mem.buffers / kGiB, p.mem.allocator / kGiB, c.dev.name,
+            p.mem.capacity / kGiB);
     }
     return p;
 }
 
 std::string layout_string(const Layout& l) {
-    std::string s =
-        fmt::format("tp={} pp={} dp={} zero={} mb={} recompute={} {}", l.tp, l.pp, l.dp, l.zero,
-                    l.micro_batch, recompute_name(l.recompute), schedule_name(l.schedule));
+    std::string s = fmt::format("tp={} ", l.tp);
+    if (l.cp > 1) s += fmt::format("cp={} ", l.cp);
+    s += fmt::format("pp={} dp={} ", l.pp, l.dp);
+    if (l.ep > 1) s += fmt::format("ep={} ", l.ep);
+    s += fmt::format("zero={} mb={} recompute={} {}", l.zero, l.micro_batch,
+                     recompute_name(l.recompute), schedule_name(l.schedule));
     if (l.schedule == Schedule::interleaved) s += fmt::format("x{}", l.vpp);
     if (l.sp) s += " sp";
     return s;

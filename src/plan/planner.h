@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "core/config.h"
 #include "plan/types.h"
@@ -17,6 +18,7 @@ struct PlanInput {
     Workload w;
     Layout l;
     Cluster c;
+    std::vector<std::string> warnings;  // keys set that the planner ignores
 };
 // Resolves the config into a plan input. Throws ConfigError naming the key
 // when a layout does not divide (devices, heads, layers, global batch).
@@ -25,6 +27,8 @@ PlanInput plan_input(const core::Config& config);
 // for `plan search`, which varies the layout itself.
 PlanInput search_input(const core::Config& config);
 PlanInput resolve_input(const core::Config& config, bool check_layout);
+// What an implementation profile sets (cluster.implementation).
+void apply_profile(Cluster& c, Impl impl);
 // The cluster alone (device, links, topology, prices, power, calibration).
 Cluster cluster_from(const core::Config& config, long long devices);
 // Checks that a layout divides the model and batch; "" when it does, else why.
@@ -37,7 +41,8 @@ struct Plan {
     StepTime st;
     Totals tot;
     bool fits = false;
-    std::string why;  // when it does not fit
+    std::string why;                    // when it does not fit
+    std::vector<std::string> warnings;  // what the user should know (table and JSON)
 };
 Plan evaluate(const Workload& w, const Layout& l, const Cluster& c);
 

@@ -22,12 +22,15 @@ double model_flops_per_step(const Workload& w) {
 double recompute_flops_per_step(const Workload& w, Recompute r) {
     const auto& m = w.model;
     const double tokens = double(w.seq_len) * double(w.global_batch);
-    const double attn_fwd = 4.0 * m.n_layer * double(w.seq_len) * m.n_embd;  // QK^T and AV
-    if (r == Recompute::selective) return attn_fwd * tokens;
+    // QK^T and AV forward: 2 L T (qk + v widths) per token.
+    const double attn_fwd =
+        2.0 * m.n_layer * double(w.seq_len) * double(m.qk_width() + m.v_width());
+    if (r == Recompute::selective) return w.flash ? 0 : attn_fwd * tokens;
     if (r == Recompute::full) {
         // One more forward of every block (not the LM head).
-        const double block_matmul = double(m.num_matmul_params()) - double(m.vocab_size) * m.n_embd;
-        return (2.0 * block_matmul + attn_fwd) * tokens;
+        const double blocks =
+            double(m.num_active_matmul_params()) - double(m.vocab_size) * m.n_embd;
+        return (2.0 * blocks + attn_fwd) * tokens;
     }
     return 0;
 }
@@ -39,39 +42,244 @@ double bubble_fraction(int pp, long long n_micro, int vpp) {
 namespace {
 
 struct LayerCost {         // seconds for one block and one micro-batch on one device
-    double fwd = 0;        // GEMMs + elementwise
+    double fwd = 0;        // GEMMs + attention + elementwise
     double attn_core = 0;  // the part selective recomputation repeats
-    double elementwise = 0;
+    double attn_bwd = 0;   // attention core backward (2x forward; 2.5x fused)
+    // Forward and backward together, not scaled like the GEMMs: fp8 casts
+    // and the host-bound part of a dropless MoE block.
+    double once = 0;
+    double cp_comm = 0;  // KV exchange of context parallelism, forward + backward
+    double a2a = 0;      // expert all-to-alls, forward + backward
 };
 
-LayerCost layer_cost(const Workload& w, const Layout& l, const Cluster& c) {
+// A GEMM's time on the roofline (Williams, Waterman & Patterson 2009): its
+// FLOPs at the size-dependent fraction of peak plus the HBM traffic of its
+// operands (A and B read once, C written once). The two are added rather
+// than overlapped: a small GEMM (a fine-grained expert, a narrow model)
+// cannot hide its prologue and epilogue behind math, and for a large one
+// the traffic is a few percent that the fitted gemm_eff absorbs. Fused
+// attention keeps its tiles on chip, so it is costed without the traffic.
+struct Gemm {
+    const Device& d;
+    double peak, threads;
+    double bw = 0;                       // bytes/s for operands; 0: compute only
+    double in_bytes = 2, out_bytes = 2;  // fp8 GEMMs read 1-byte operands
+    // Seconds of `batch` GEMMs of (mm x kk) @ (kk x nn).
+    double operator()(double mm, double nn, double kk, double batch = 1) const {
+        double t = 2 * mm * nn * kk / (peak * gemm_efficiency(d, mm / threads, nn, kk));
+        if (bw > 0) t += ((mm * kk + kk * nn) * in_bytes + mm * nn * out_bytes) / bw;
+        return batch * t;
+    }
+};
+
+// Kernels a dropless MoE block issues per micro-batch, forward and
+// backward. Megatron-Core's all-to-all dispatcher copies the tokens each
+// expert received to the host to size the all-to-all and the grouped GEMM
+// (a device-to-host synchronisation per MoE layer), so the host cannot run
+// ahead of the device: the experts' part of the block takes as long as the
+// longer of launching its kernels and running them. Fixed: routing, sort and permute, two
+// all-to-alls, unpermute and activation, about 20 forward and 40 backward.
+// Per local expert, Transformer Engine's GroupedLinear launches each GEMM on
+// its own: 2 forward, 4 backward (data and weight gradients), and with fp8
+// as many quantisations again.
+constexpr double kMoeFixedKernels = 60;
+double moe_host_kernels(double local_experts, bool fp8) {
+    return kMoeFixedKernels + local_experts * (fp8 ? 12.0 : 6.0);
+}
+
+// Bytes of the fp8 casts of one block, forward and backward: every GEMM
+// input is quantised (read 2 bytes, write the fp8 copy and its transpose
+// for the weight gradient: 4 bytes per element) and so is every output
+// gradient in backward (Micikevicius et al. 2022, "FP8 formats for deep
+// learning"; Transformer Engine's cast_transpose). Weights are cast once per
+// step and are left out.
+double fp8_cast_bytes(double gemm_in_elems, double gemm_out_elems) {
+    return 4.0 * (gemm_in_elems + gemm_out_elems);
+}
+
+// Context parallelism: each rank receives the other cp - 1 key/value chunks
+// in forward, and keys/values plus their gradients in backward (ring
+// attention; an all-gather of K and V moves the same bytes). `tok_bytes`:
+// the rank's tokens times the bytes of one attention element.
+double cp_exchange_s(const Workload& w, const Layout& l, const Cluster& c, double tok_bytes) {
+    if (l.cp <= 1) return 0;
     const auto& m = w.model;
+    const double kv = m.mla() ? double(m.qk_width() + m.v_width()) : 2.0 * m.kv_dim();
+    return 3 * (l.cp - 1) * p2p_s(c, l.tp, tok_bytes * kv / l.tp);
+}
+
+// The block's matrix GEMMs (at the training precision, on the roofline) and
+// its attention core (16 bits even in fp8 training, Transformer Engine's;
+// fused, so compute only). A rank's GEMM is split over its threads by rows.
+struct Gemms {
+    Gemm gemm, attn;
+    Dtype attn_dtype;
+};
+Gemms block_gemms(const Workload& w, const Cluster& c) {
     const Device& d = c.dev;
-    const double peak = d.peak(w.dtype) * c.share();
-    const double t = l.tp, s = w.seq_len, b = l.micro_batch, tok = s * b;
-    const double C = m.n_embd, KV = m.kv_dim(), F = m.ffn_dim(), HS = m.head_size();
-    // A rank's GEMM is split over its threads by rows: each thread sees m/threads.
     const double threads =
         d.shared_by_ranks ? std::max(1.0, double(d.cores) / double(c.ranks_per_node())) : 1.0;
-    auto gemm = [&](double mm, double nn, double kk, double batch) {
-        return batch * 2 * mm * nn * kk / (peak * gemm_efficiency(d, mm / threads, nn, kk));
-    };
+    const bool f8 = w.dtype == Dtype::fp8;
+    const double ab = act_bytes(w.dtype), peak = c.share() * c.impl_eff;
+    const double bw = d.mem_bw * d.mem_eff * c.share();
+    const Dtype attn_dtype = f8 ? Dtype::bf16 : w.dtype;
+    return {
+        Gemm{d, d.peak(w.dtype) * peak * (f8 ? d.fp8_eff : 1.0), threads, bw, f8 ? 1.0 : ab, ab},
+        Gemm{d, d.peak(attn_dtype) * peak, threads}, attn_dtype};
+}
+
+LayerCost layer_cost(const Workload& w, const Layout& l, const Cluster& c, bool experts) {
+    const auto& m = w.model;
+    const bool f8 = w.dtype == Dtype::fp8;
+    const double bw = c.dev.mem_bw * c.dev.mem_eff * c.share(), ab = act_bytes(w.dtype);
+    const auto [gemm, attn, attn_dtype] = block_gemms(w, c);
+    const double t = l.tp, s = double(w.seq_len) / l.cp, b = l.micro_batch, tok = s * b;
+    const double C = m.n_embd, S = w.seq_len, a = double(m.n_head) / t;
     LayerCost lc;
-    double g = gemm(tok, (C + 2 * KV) / t, C, 1);           // QKV
-    lc.attn_core = gemm(s, s, HS, b * m.n_head / t)         // scores
-                   + gemm(s, HS, s, b * m.n_head / t);      // weighted sum
-    g += gemm(tok, C, C / t, 1);                            // output projection
+    // Projections in (queries, keys, values, latents) and out.
+    const double out_w = double(m.v_width());
+    const double in_w = (double(m.attn_params()) - out_w * C) / C;
+    double g = gemm(tok, in_w / t, C) + gemm(tok, C, out_w / t);
+    double cast_in = tok * (C + out_w / t), cast_out = tok * (in_w / t + C);
+    // Scores and weighted sum: 1/cp of the queries against every key.
+    // Fused kernels skip the masked half of a causal score matrix.
+    const double hq = double(m.qk_width()) / m.n_head, hv = out_w / m.n_head;
+    const double causal = w.flash ? 0.5 : 1.0;
+    lc.attn_core = causal * (attn(s, S, hq, b * a) + attn(s, hv, S, b * a));
+    lc.attn_bwd = (w.flash ? 2.5 : 2.0) * lc.attn_core;
     const double up = m.arch == core::Arch::llama ? 2 : 1;  // SwiGLU: gate and up
-    g += gemm(tok, F / t, C, up) + gemm(tok, C, F / t, 1);  // MLP
-    // Elementwise kernels (norms, softmax, GeLU/SiLU, dropout, residuals) are
-    // memory bound; the bytes they move scale like the activations they store
-    // (Korthikanti Table 2, no recompute): written in forward, read and their
-    // gradients written in backward.
-    const double act =
-        layer_activation_bytes(m, w.seq_len, l.micro_batch, l.tp, l.sp, Recompute::none, w.dtype);
-    lc.elementwise = act / (d.mem_bw * d.mem_eff * c.share());
-    lc.fwd = g + lc.attn_core + lc.elementwise;
+    auto mlp = [&](double rows, double width, double batch) {
+        cast_in += batch * rows * (C + width / t);
+        cast_out += batch * rows * (up * width / t + C);
+        return gemm(rows, width / t, C, up * batch) + gemm(rows, C, width / t, batch);
+    };
+    double bytes_a2a = 0;
+    if (!experts) {
+        g += mlp(tok, m.ffn_dim(), 1);
+    } else {
+        // Each rank's experts see, on average, its own share of the routed
+        // tokens: tok x k (x capacity) spread over its n_expert / ep experts.
+        const double k = double(m.n_expert_active) * w.capacity_factor;
+        const double local = double(m.n_expert) / l.ep;
+        const double routed =
+            gemm(tok, double(m.n_expert), C) + mlp(tok * k / local, m.expert_ffn_dim(), local);
+        g += routed;
+        if (m.n_shared_expert > 0) g += mlp(tok, double(m.n_shared_expert) * m.expert_ffn_dim(), 1);
+        bytes_a2a = tok * k * C * ab / (l.sp ? t : 1.0);
+        // The device works while the host launches: only the launch time
+        // beyond the routed experts' GEMMs (forward and backward) shows.
+        lc.once += std::max(0.0, c.launch_s * moe_host_kernels(local, f8) - 3 * routed);
+    }
+    if (f8) lc.once += fp8_cast_bytes(cast_in, cast_out) / bw;
+    // Elementwise kernels (norms, softmax, activations, dropout, residuals,
+    // routing) are memory bound; the bytes they move scale like the
+    // activations they store: written in forward, read and their gradients
+    // written in backward.
+    const double act = block_activation_bytes(w, l, experts, Recompute::none);
+    const double elementwise = act / bw;
+    lc.fwd = g + lc.attn_core + elementwise;
+    // 4 all-to-alls (dispatch and combine, forward and backward).
+    if (experts && l.ep > 1) {
+        lc.a2a = 4 * all_to_all_s(c, Group{l.ep, (long long)l.tp * l.cp}, bytes_a2a);
+    }
+    lc.cp_comm = cp_exchange_s(w, l, c, tok * act_bytes(attn_dtype));
     return lc;
+}
+
+struct PerMicro {  // seconds per micro-batch on the fullest stage
+    double compute = 0, rec = 0, tp = 0, cp = 0, ep = 0, fwd = 0;
+};
+
+PerMicro per_micro(const Workload& w, const Layout& l, const Cluster& c) {
+    const auto& m = w.model;
+    const double lp = stage_layers(m, l);
+    // The fullest stage's blocks by kind (the last stage when experts start late).
+    const double moe = m.moe() ? std::min(lp, double(m.moe_layers())) : 0;
+    const double dense = lp - moe;
+    const LayerCost dl = layer_cost(w, l, c, false);
+    const LayerCost ml = moe > 0 ? layer_cost(w, l, c, true) : LayerCost{};
+    auto each = [&](auto f) { return dense * f(dl) + moe * f(ml); };
+    PerMicro p;
+    // Forward 1x, backward 2x (weight and input gradients); fused attention's
+    // backward also recomputes the scores.
+    p.fwd = each([](const LayerCost& x) { return x.fwd; });
+    p.compute =
+        each([](const LayerCost& x) { return 3 * x.fwd - 2 * x.attn_core + x.attn_bwd + x.once; });
+    if (l.recompute == Recompute::full) p.rec = p.fwd;
+    if (l.recompute == Recompute::selective && !w.flash) {
+        p.rec = each([](const LayerCost& x) { return x.attn_core; });
+    }
+    const double attn_time = each([](const LayerCost& x) { return x.attn_core + x.attn_bwd; });
+    p.cp = std::max(0.0,
+                    each([](const LayerCost& x) { return x.cp_comm; }) - c.cp_overlap * attn_time);
+    p.ep = (1 - c.moe_overlap) * each([](const LayerCost& x) { return x.a2a; });
+    // Tensor parallelism: 2 all-reduces in forward and 2 in backward per block
+    // (Shoeybi et al. 2019); sequence parallelism swaps each for a
+    // reduce-scatter + all-gather of the same volume. Full recomputation
+    // repeats the forward ones. Megatron does not overlap them.
+    const double msg = double(w.seq_len) / l.cp * l.micro_batch * m.n_embd *
+                       act_bytes(w.dtype == Dtype::fp8 ? Dtype::bf16 : w.dtype);
+    const double one = all_reduce_s(c, Group{l.tp, 1}, msg, true);
+    p.tp = lp * one * (4 + (l.recompute == Recompute::full ? 2 : 0));
+    return p;
+}
+
+double head_time(const Workload& w, const Layout& l, const Cluster& c) {
+    // The LM head (on the last stage): a GEMM of (sb x C) @ (C x V/t), 3 passes,
+    // plus the fp32 logits streamed through the fused cross entropy. It stays
+    // in 16 bits in fp8 training (Megatron-Core's output layer is not a
+    // Transformer Engine layer).
+    const Device& d = c.dev;
+    const Dtype dt = w.dtype == Dtype::fp8 ? Dtype::bf16 : w.dtype;
+    const double bw = d.mem_bw * d.mem_eff * c.share();
+    const Gemm gemm{d, d.peak(dt) * c.share() * c.impl_eff, 1.0, bw, act_bytes(dt), act_bytes(dt)};
+    const double sb = double(w.seq_len) / l.cp * l.micro_batch;
+    const double V = w.model.vocab_size, C = w.model.n_embd;
+    return 3 * gemm(sb, V / l.tp, C) + 3 * 4 * sb * V / l.tp / bw;
+}
+
+// DP / ZeRO communication of one step, and the part backward cannot hide.
+void dp_time(const Workload& w, const Layout& l, const Cluster& c, const PerMicro& pm,
+             StepTime& st) {
+    const auto& m = w.model;
+    const StateBytes sb = state_bytes(w.dtype);
+    const StageParams p{
+        std::max(stage_param_split(m, l, 0).dense, stage_param_split(m, l, l.pp - 1).dense),
+        std::max(stage_param_split(m, l, 0).expert, stage_param_split(m, l, l.pp - 1).expert)};
+    // Dense weights are replicated over the dp x cp ranks (stride tp),
+    // experts over dp x cp / ep (the ranks ep apart).
+    const Group dense{l.dp * l.cp, l.tp}, expert{l.dp * l.cp / l.ep, (long long)l.tp * l.ep};
+    const double nm = double(l.n_micro);
+    if (l.zero < 3) {
+        // ZeRO 0-2 move the same volume as one all-reduce once per step,
+        // bucketed behind the last micro-batch's backward. ZeRO 1-2 (and
+        // Megatron's distributed optimizer) do it as a reduce-scatter of the
+        // gradients and an all-gather of the updated weights: ring only.
+        auto reduce = [&](Group g, double bytes) {
+            return l.zero >= 1 ? 2 * reduce_scatter_s(c, g, bytes) : all_reduce_s(c, g, bytes);
+        };
+        st.dp_comm = reduce(dense, p.dense * sb.grad) + reduce(expert, p.expert * sb.grad);
+        const double window = c.dp_overlap * 2 * pm.fwd;
+        st.dp_exposed = std::max(0.0, st.dp_comm - window);
+        return;
+    }
+    // ZeRO-3 gathers the weights in forward and backward and reduce-scatters
+    // the gradients on every micro-batch, prefetched behind that
+    // micro-batch's compute. `zero3_gathers` collectives per block (1:
+    // FSDP's flat parameter per block; DeepSpeed 2021 gathered each
+    // parameter tensor), so the ring latency, (n - 1) alpha per collective,
+    // is paid 3 x blocks x that.
+    const double k = c.zero3_gathers > 0 ? c.zero3_gathers : (m.arch == core::Arch::gpt2 ? 12 : 9);
+    const double lp = stage_layers(m, l);
+    auto three = [&](Group g, double params) {
+        return 2 * reduce_scatter_s(c, g, params * sb.weight) +
+               reduce_scatter_s(c, g, params * sb.grad);
+    };
+    const double block = p.dense / lp;
+    const double per_mb = lp * k * three(dense, block / k) + three(expert, p.expert);
+    st.dp_comm = nm * per_mb;
+    const double window = c.dp_overlap * (pm.compute + pm.rec);
+    st.dp_exposed = nm * std::max(0.0, per_mb - window);
 }
 
 }  // namespace
@@ -80,89 +288,46 @@ StepTime step_time(const Workload& w, const Layout& l, const Cluster& c) {
     const auto& m = w.model;
     const Device& d = c.dev;
     StepTime st;
-    const LayerCost lc = layer_cost(w, l, c);
-    const double lp = stage_layers(m, l);
-    const double s = w.seq_len, b = l.micro_batch;
-    const double ab = act_bytes(w.dtype);
-    const double peak = d.peak(w.dtype) * c.share();
-
-    // Forward 1x, backward 2x (weight and input gradients).
-    double fwd_bwd = 3 * lc.fwd;
-    double rec = 0;
-    if (l.recompute == Recompute::full) rec = lc.fwd;
-    if (l.recompute == Recompute::selective) rec = lc.attn_core;
-    // Tensor parallelism: 2 all-reduces in forward and 2 in backward per block
-    // (Shoeybi et al. 2019); sequence parallelism swaps each for a
-    // reduce-scatter + all-gather of the same volume. Full recomputation
-    // repeats the forward ones. Megatron does not overlap them.
-    const double tp_msg = s * b * m.n_embd * ab;
-    const double tp_one = all_reduce_s(c, Group{l.tp, 1}, tp_msg);
-    const double tp_per_layer = tp_one * (4 + (l.recompute == Recompute::full ? 2 : 0));
-    // The LM head (on the last stage): a GEMM of (sb x C) @ (C x V/t), 3 passes,
-    // plus the fp32 logits streamed through the fused cross entropy.
-    const double V = m.vocab_size, C = m.n_embd;
-    const double head =
-        3 * 2 * s * b * C * V / l.tp / (peak * gemm_efficiency(d, s * b, V / l.tp, C)) +
-        3 * 4 * s * b * V / l.tp / (d.mem_bw * d.mem_eff * c.share());
+    const PerMicro pm = per_micro(w, l, c);
+    const double head = head_time(w, l, c);
     // Pipeline: activations cross each stage boundary once forward and once
     // backward per micro-batch (and per chunk when interleaved); Megatron's
     // scatter/gather sends 1/t of them per rank.
     const int chunks = l.schedule == Schedule::interleaved ? l.vpp : 1;
-    const double pp_msg = s * b * m.n_embd * ab / l.tp;
-    const double p2p = l.pp > 1 ? 2 * chunks * p2p_s(c, l.tp, pp_msg) : 0;
+    const double pp_msg = double(w.seq_len) / l.cp * l.micro_batch * m.n_embd * act_bytes(w.dtype) /
+                          (c.pp_scatter ? l.tp : 1);
+    const long long pp_stride = (long long)l.tp * l.cp * l.dp;
+    const double p2p = l.pp > 1 ? 2 * chunks * p2p_s(c, pp_stride, pp_msg) : 0;
 
-    const double per_mb_compute = lp * fwd_bwd + head;
-    const double per_mb_rec = lp * rec;
-    const double per_mb_tp = lp * tp_per_layer;
-    const double t_mb = per_mb_compute + per_mb_rec + per_mb_tp + p2p;
+    const double per_mb_compute = pm.compute + head;
+    const double t_mb = per_mb_compute + pm.rec + pm.tp + pm.cp + pm.ep + p2p;
     const double nm = double(l.n_micro);
     st.bubble_fraction = l.pp > 1 ? bubble_fraction(l.pp, l.n_micro, chunks) : 0;
     st.compute = nm * per_mb_compute;
-    st.recompute = nm * per_mb_rec;
-    st.tp_comm = nm * per_mb_tp;
+    st.recompute = nm * pm.rec;
+    st.tp_comm = nm * pm.tp;
+    st.cp_comm = nm * pm.cp;
+    st.ep_comm = nm * pm.ep;
     st.pp_comm = nm * p2p;
     st.bubble = st.bubble_fraction * nm * t_mb;
+    PerMicro window = pm;
+    window.compute = per_mb_compute;
+    dp_time(w, l, c, window, st);
 
-    // Data parallelism over the stage's parameters. ZeRO 0-2 move the same
-    // volume as one all-reduce (reduce-scatter + all-gather) once per step,
-    // bucketed behind the last micro-batch's backward. ZeRO-3 gathers the
-    // weights in forward and backward and reduce-scatters the gradients on
-    // every micro-batch, prefetched behind that micro-batch's compute.
-    const double p_dev = stage_params_per_device(m, l);
-    const StateBytes sb = state_bytes(w.dtype);
-    const Group dpg{l.dp, (long long)l.tp * l.pp};
-    if (l.zero < 3) {
-        st.dp_comm = all_reduce_s(c, dpg, p_dev * sb.grad);
-        const double window = c.dp_overlap * lp * 2 * lc.fwd;
-        st.dp_exposed = std::max(0.0, st.dp_comm - window);
-    } else {
-        // `zero3_gathers` collectives per block (1: FSDP's flat parameter per
-        // block; DeepSpeed 2021 gathered each parameter tensor), so the ring
-        // latency, (n - 1) alpha per collective, is paid 3 x blocks x that.
-        const double k = std::max(1, c.zero3_gathers);
-        const double block = layer_params(m) / l.tp;
-        const double rest = std::max(0.0, p_dev - lp * block);
-        auto three = [&](double params) {
-            return 2 * reduce_scatter_s(c, dpg, params * sb.weight) +
-                   reduce_scatter_s(c, dpg, params * sb.grad);
-        };
-        const double per_mb = lp * k * three(block / k) + three(rest);
-        st.dp_comm = nm * per_mb;
-        const double window = c.dp_overlap * (per_mb_compute + per_mb_rec);
-        st.dp_exposed = nm * std::max(0.0, per_mb - window);
-    }
     // AdamW touches each local fp32 master weight, m, v and gradient: about
     // 32 bytes per parameter in mixed precision, 28 in fp32.
-    const double opt_params = p_dev / (l.zero >= 1 ? double(l.dp) : 1.0);
+    const StateBytes sb = state_bytes(w.dtype);
+    const double shard = l.zero >= 1 ? double(l.dp) * l.cp : 1.0;
+    const double opt_params = stage_params_per_device(m, l) / shard;
     const double opt_bytes = (sb.optimizer == 12 ? 32.0 : 28.0) * opt_params;
     st.optimizer = opt_bytes / (d.mem_bw * d.mem_eff * c.share());
 
-    st.total = st.compute + st.recompute + st.tp_comm + st.pp_comm + st.bubble + st.dp_exposed +
-               st.optimizer;
+    st.total = st.compute + st.recompute + st.tp_comm + st.cp_comm + st.ep_comm + st.pp_comm +
+               st.bubble + st.dp_exposed + st.optimizer;
     st.model_flops = model_flops_per_step(w);
     st.hw_flops = st.model_flops + recompute_flops_per_step(w, l.recompute);
     const double devs = double(l.devices());
-    st.tokens_per_s = double(w.global_batch) * s / st.total;
+    st.tokens_per_s = double(w.global_batch) * w.seq_len / st.total;
     st.tflops_per_device = st.model_flops / st.total / devs / 1e12;
     const double cluster_peak = d.peak(w.dtype) * (d.shared_by_ranks ? 1.0 : devs) *
                                 (d.shared_by_ranks ? double(c.nodes()) : 1.0);

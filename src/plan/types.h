@@ -15,6 +15,9 @@ namespace apiary::plan {
 enum class Recompute { none, selective, full };
 enum class Schedule { gpipe, one_f_one_b, interleaved };
 enum class Algo { automatic, ring, tree, hierarchical };
+// The software stack that runs the layout (cluster.implementation): what
+// overlaps, how ZeRO-3 gathers and how pipeline activations travel differ.
+enum class Impl { megatron, megatron2019, deepspeed, fsdp, apiary };
 
 const char* recompute_name(Recompute r);
 Recompute parse_recompute(const std::string& s);
@@ -22,6 +25,8 @@ const char* schedule_name(Schedule s);
 Schedule parse_schedule(const std::string& s);
 const char* algo_name(Algo a);
 Algo parse_algo(const std::string& s);
+const char* impl_name(Impl i);
+Impl parse_impl(const std::string& s);
 
 struct Workload {
     core::ModelSpec model;
@@ -29,12 +34,20 @@ struct Workload {
     Dtype dtype = Dtype::bf16;   // compute precision; bf16/fp16/fp8 train in mixed precision
     long long global_batch = 1;  // sequences per optimizer step
     double tokens = 0;           // tokens to train on (0: no run totals)
+    // Fused attention (FlashAttention, Dao et al. 2022): the s x s scores are
+    // never stored, the causal half is skipped and backward recomputes them.
+    bool flash = true;
+    // Tokens an expert computes relative to an even split: GShard / Switch
+    // pad to the capacity; a dropless router sees its load imbalance.
+    double capacity_factor = 1.0;
 };
 
 struct Layout {
     int tp = 1;
     int pp = 1;
     long long dp = 1;
+    int cp = 1;    // context parallel: each rank holds 1/cp of every sequence
+    int ep = 1;    // expert parallel: experts sharded over ep of the dp ranks
     int zero = 0;  // ZeRO stage 0-3, sharded over dp
     Recompute recompute = Recompute::none;
     bool sp = false;        // sequence parallel (Korthikanti et al. 2022)
@@ -42,7 +55,8 @@ struct Layout {
     long long n_micro = 1;  // micro-batches per optimizer step per pipeline
     Schedule schedule = Schedule::one_f_one_b;
     int vpp = 1;  // model chunks per stage (interleaved schedule)
-    long long devices() const { return (long long)tp * pp * dp; }
+    // Ranks are ordered tp, cp, dp (ep its inner part), pp: tp fastest.
+    long long devices() const { return (long long)tp * cp * pp * dp; }
 };
 
 struct Cluster {
@@ -53,6 +67,23 @@ struct Cluster {
     Algo algo = Algo::automatic;
     double dp_overlap = 1.0;  // fraction of a backward pass that can hide DP comm
     int zero3_gathers = 1;    // ZeRO-3 collectives per block per direction
+    Impl impl = Impl::megatron;
+    // Fraction of the catalog's GEMM efficiency the implementation reaches
+    // (fitted per profile on the validation set's fit split).
+    double impl_eff = 1.0;
+    bool pp_scatter = true;    // pipeline sends 1/tp of the activations per rank
+    double moe_overlap = 0.0;  // fraction of expert all-to-all hidden behind compute
+    double cp_overlap = 1.0;   // fraction of context-parallel KV exchange hidden
+    // Host time to launch one kernel (framework dispatch + driver): exposed
+    // where the host must wait for the device, as a dropless MoE block does.
+    double launch_s = 0;
+    // The LM head's cross entropy is fused and vocabulary-parallel
+    // (Megatron-LM); unfused, bf16 logits, their fp32 copy and its gradient
+    // coexist.
+    bool fused_ce = true;
+    // Bytes the caching allocator reserves per byte of activations beyond
+    // what is live (PyTorch's allocator splits and caches blocks).
+    double alloc_frac = 0;
     // Energy and emissions.
     double pue = 1.1;
     double idle_frac = 0.3;  // device power at idle as a fraction of TDP
@@ -77,7 +108,9 @@ struct Cluster {
 
 struct Memory {  // bytes per device, on the fullest pipeline stage
     double params = 0, grads = 0, optimizer = 0, activations = 0, buffers = 0;
-    double total() const { return params + grads + optimizer + activations + buffers; }
+    // Held by the caching allocator beyond the live tensors (fragmentation).
+    double allocator = 0;
+    double total() const { return params + grads + optimizer + activations + buffers + allocator; }
     double capacity = 0;
     bool fits() const { return total() <= capacity; }
 };
@@ -86,6 +119,8 @@ struct StepTime {          // seconds per optimizer step
     double compute = 0;    // forward + backward GEMMs and elementwise, all micro-batches
     double recompute = 0;  // re-running forward for recomputation
     double tp_comm = 0;
+    double cp_comm = 0;  // context-parallel KV exchange not hidden behind attention
+    double ep_comm = 0;  // expert all-to-all not hidden
     double pp_comm = 0;
     double bubble = 0;      // pipeline fill and drain
     double dp_comm = 0;     // total DP / ZeRO communication

@@ -2,12 +2,15 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <limits>
+#include <optional>
 #include <utility>
 
 #include "ckpt/safetensors.h"
+#include "ckpt/sharded.h"
 #include "core/error.h"
 
 namespace apiary::train {
@@ -15,25 +18,134 @@ namespace apiary::train {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+namespace {
+
+constexpr int64_t kMaxDim = int64_t(1) << 31;
+
+// Step N from "step_<N>" (digits only), or -1.
+int64_t step_of(const std::string& name) {
+    if (name.rfind("step_", 0) != 0 || name.size() == 5 || name.size() > 5 + 18) return -1;
+    int64_t v = 0;
+    for (size_t i = 5; i < name.size(); ++i) {
+        if (name[i] < '0' || name[i] > '9') return -1;
+        v = v * 10 + (name[i] - '0');
+    }
+    return v;
+}
+
+bool complete(const fs::path& dir) {
+    return fs::exists(dir / ckpt::kManifestFile) || fs::exists(dir / "meta.json");
+}
+
+// Removes step folders a crash left without their manifest.
+void remove_partial_saves(const fs::path& ckpt_root) {
+    if (!fs::is_directory(ckpt_root)) return;
+    for (const auto& e : fs::directory_iterator(ckpt_root)) {
+        if (!e.is_directory() || step_of(e.path().filename().string()) < 0) continue;
+        if (!complete(e.path())) fs::remove_all(e.path());
+    }
+}
+
+// Keeps the newest `keep` complete checkpoints at or before `step` (later
+// ones belong to a timeline a resume abandoned: they are left alone and
+// overwritten when the run gets there again).
+void apply_retention(const std::string& run_dir, int64_t step, int64_t keep) {
+    if (keep <= 0) return;
+    int64_t kept = 0;
+    for (const auto& [s, dir] : list_checkpoints(run_dir)) {
+        if (s > step) continue;
+        if (kept++ < keep) continue;
+        fs::remove_all(dir);
+    }
+}
+
+// The ranges of the shard's flat buffer this rank saves: its data-parallel
+// piece of every unit (ZeRO's pieces, or the same split of replicas), so
+// that the data-parallel ranks write disjoint parts in parallel.
+std::vector<std::pair<int64_t, int64_t>> saved_ranges(const parallel::Engine& e) {
+    const int dp = e.layout().dp(), r = e.coord().dp;
+    std::vector<std::pair<int64_t, int64_t>> out;
+    for (const auto& u : e.model().units()) {
+        const int64_t count = u.size() / dp;
+        out.emplace_back(u.begin + count * r, u.begin + count * (r + 1));
+    }
+    return out;
+}
+
+// Where element `flat` of the shard's flat buffer lives in this rank's
+// packed ZeRO state (the pieces of saved_ranges, back to back).
+int64_t packed_offset(const std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t flat) {
+    int64_t packed = 0;
+    for (const auto& [b, e] : ranges) {
+        if (flat >= b && flat < e) return packed + (flat - b);
+        packed += e - b;
+    }
+    APIARY_CHECK(false, "flat offset {} is not in this rank's pieces", flat);
+    return -1;
+}
+
+void barrier(comm::ProcessGroup* world, const char* what) {
+    if (world) world->barrier({what, 0})->wait();
+}
+
+json layout_json(const parallel::ParallelLayout& l) {
+    std::vector<int> counts;
+    for (const auto& s : l.stage_blocks) counts.push_back(int(s.size()));
+    return {{"dp", l.dp()},
+            {"tp", l.tp()},
+            {"pp", l.pp()},
+            {"zero_stage", l.zero_stage},
+            {"sequence_parallel", l.sequence_parallel},
+            {"schedule", parallel::schedule_name(l.schedule)},
+            {"virtual_stages", l.virtual_stages},
+            {"stage_layers", counts}};
+}
+
+}  // namespace
+
+int64_t meta_int(const json& j, const std::string& key, int64_t lo, int64_t hi,
+                 const std::string& where) {
+    if (!j.is_object() || !j.contains(key)) {
+        throw IoError(fmt::format("{}: '{}' is missing", where, key));
+    }
+    const json& v = j[key];
+    const bool in_range = (v.is_number_unsigned() && v.get<uint64_t>() <= uint64_t(hi) &&
+                           int64_t(v.get<uint64_t>()) >= lo) ||
+                          (v.is_number_integer() && !v.is_number_unsigned() &&
+                           v.get<int64_t>() >= lo && v.get<int64_t>() <= hi);
+    if (!in_range) {
+        throw IoError(fmt::format("{}: '{}' = {} is not an integer in [{}, {}]", where, key,
+                                  v.dump(), lo, hi));
+    }
+    return v.get<int64_t>();
+}
+
 json spec_to_json(const core::ModelSpec& s) {
-    return {{"arch", core::arch_name(s.arch)}, {"n_layer", s.n_layer}, {"n_embd", s.n_embd},
-            {"n_head", s.n_head}, {"n_kv_head", s.n_kv_head}, {"vocab_size", s.vocab_size},
-            {"max_seq_len", s.max_seq_len}, {"ffn_hidden", s.ffn_dim()},
-            {"tie_embeddings", s.tie_embeddings}, {"norm_eps", s.norm_eps},
+    return {{"arch", core::arch_name(s.arch)},
+            {"n_layer", s.n_layer},
+            {"n_embd", s.n_embd},
+            {"n_head", s.n_head},
+            {"n_kv_head", s.n_kv_head},
+            {"vocab_size", s.vocab_size},
+            {"max_seq_len", s.max_seq_len},
+            {"ffn_hidden", s.ffn_dim()},
+            {"tie_embeddings", s.tie_embeddings},
+            {"norm_eps", s.norm_eps},
             {"rope_theta", s.rope_theta}};
 }
 
 core::ModelSpec spec_from_json(const json& j, const std::string& where) {
+    const std::string w = where + " (model)";
     try {
         core::ModelSpec s;
         s.arch = core::parse_arch(j.at("arch").get<std::string>());
-        s.n_layer = j.at("n_layer").get<int>();
-        s.n_embd = j.at("n_embd").get<int>();
-        s.n_head = j.at("n_head").get<int>();
-        s.n_kv_head = j.at("n_kv_head").get<int>();
-        s.vocab_size = j.at("vocab_size").get<int>();
-        s.max_seq_len = j.at("max_seq_len").get<int>();
-        s.ffn_hidden = j.at("ffn_hidden").get<int>();
+        s.n_layer = int(meta_int(j, "n_layer", 1, kMaxDim, w));
+        s.n_embd = int(meta_int(j, "n_embd", 1, kMaxDim, w));
+        s.n_head = int(meta_int(j, "n_head", 1, kMaxDim, w));
+        s.n_kv_head = int(meta_int(j, "n_kv_head", 1, kMaxDim, w));
+        s.vocab_size = int(meta_int(j, "vocab_size", 1, kMaxDim - 1, w));
+        s.max_seq_len = int(meta_int(j, "max_seq_len", 1, kMaxDim, w));
+        s.ffn_hidden = int(meta_int(j, "ffn_hidden", 1, kMaxDim, w));
         s.tie_embeddings = j.at("tie_embeddings").get<bool>();
         s.norm_eps = j.at("norm_eps").get<float>();
         s.rope_theta = j.at("rope_theta").get<float>();
@@ -46,45 +158,196 @@ core::ModelSpec spec_from_json(const json& j, const std::string& where) {
     }
 }
 
-std::string save_checkpoint(const std::string& run_dir, int64_t step, model::Transformer& model,
-                            const OptimizerState& optimizer, const json& extra_meta,
-                            const float* params) {
-    if (!params) params = std::as_const(model).params();
-    const fs::path ckpt_root = fs::path(run_dir) / "ckpt";
+std::string save_checkpoint(parallel::Engine& engine, const std::string& run_dir, int64_t step,
+                            const json& meta, int64_t keep) {
+    comm::ProcessGroup* world = engine.world();
+    const fs::path root = fs::path(run_dir) / "ckpt";
     const std::string name = fmt::format("step_{:08d}", step);
-    const fs::path dir = ckpt_root / name;
-    fs::create_directories(dir);
-    std::vector<ckpt::TensorEntry> weights;
-    for (const auto& e : model.registry().entries()) {
-        weights.push_back({e.name, "F32", e.shape, params + e.offset,
-                           size_t(e.numel()) * sizeof(float)});
+    const fs::path dir = root / name;
+    if (engine.main_rank()) {
+        remove_partial_saves(root);
+        // An older complete save of this step (a run resumed from before it)
+        // becomes partial first, so a crash now cannot leave it half replaced.
+        fs::remove(dir / ckpt::kManifestFile);
+        fs::create_directories(dir);
     }
-    const std::map<std::string, std::string> st_meta = {{"format", "pt"},
-                                                        {"producer", "apiary"}};
-    ckpt::write_safetensors((dir / "model.safetensors").string(), weights, st_meta);
-    if (optimizer.m) {
-        std::vector<ckpt::TensorEntry> state;
-        for (const auto& e : model.registry().entries()) {
-            const size_t nb = size_t(e.numel()) * sizeof(float);
-            state.push_back({"m." + e.name, "F32", e.shape, optimizer.m + e.offset, nb});
-            state.push_back({"v." + e.name, "F32", e.shape, optimizer.v + e.offset, nb});
+    barrier(world, "ckpt_dir");
+    // This rank's chunks: its piece of every tensor of its shard; tensors
+    // every tensor-parallel rank holds whole are saved by the first, a tied
+    // embedding's second copy not at all.
+    const model::Transformer& m = engine.model();
+    const auto ranges = saved_ranges(engine);
+    const int zero = engine.zero_stage();
+    const bool tp_first = engine.coord().tp == 0;
+    std::vector<ckpt::Chunk> chunks;
+    const float* params = zero == 3 ? engine.optimizer_params() : m.params();
+    for (const auto& [b, e_end] : ranges) {
+        for (const auto& e : m.registry().entries()) {
+            const int64_t lo = std::max(e.offset, b), hi = std::min(e.offset + e.numel(), e_end);
+            if (lo >= hi || e.tied_copy || (!e.split() && !tp_first)) continue;
+            const int64_t at = zero >= 1 ? packed_offset(ranges, lo) : lo;
+            const core::Placement place = e.placement();
+            chunks.push_back(
+                {e.name, "param", place, lo - e.offset, hi - lo, params + (zero == 3 ? at : lo)});
+            chunks.push_back(
+                {e.name, "adam_m", place, lo - e.offset, hi - lo, engine.optimizer().m() + at});
+            chunks.push_back(
+                {e.name, "adam_v", place, lo - e.offset, hi - lo, engine.optimizer().v() + at});
         }
-        ckpt::write_safetensors((dir / "optimizer.safetensors").string(), state,
-                                {{"step_count", std::to_string(optimizer.step_count)}});
     }
-    json meta = extra_meta;
-    meta["format"] = kCheckpointFormat;
-    meta["version"] = kCheckpointVersion;
-    meta["step"] = step;
-    meta["model"] = spec_to_json(model.spec());
-    meta["num_params"] = model.registry().num_params();
-    const std::string text = meta.dump(2) + "\n";
-    ckpt::atomic_write((dir / "meta.json").string(), text.data(), text.size());
-    ckpt::atomic_write((ckpt_root / "latest").string(), name.data(), name.size());
+    const json part = ckpt::write_chunks(
+        dir.string(), fmt::format("rank_{:05d}.safetensors", engine.world_rank()), chunks);
+    const std::vector<std::string> parts = world ? comm::all_gather_strings(*world, part.dump())
+                                                 : std::vector<std::string>{part.dump()};
+    if (engine.main_rank()) {
+        std::vector<json> parsed;
+        for (const auto& p : parts) parsed.push_back(json::parse(p));
+        json full = meta;
+        full["format"] = kCheckpointFormat;
+        full["version"] = kCheckpointVersion;
+        full["step"] = step;
+        full["model"] = spec_to_json(m.spec());
+        full["layout"] = layout_json(engine.layout());
+        full["optimizer_steps"] = engine.optimizer().step_count();
+        ckpt::write_manifest(dir.string(), parsed, full);
+        ckpt::atomic_write((root / "latest").string(), name.data(), name.size());
+        apply_retention(run_dir, step, keep);
+    }
+    barrier(world, "ckpt_done");
     return dir.string();
 }
 
-CheckpointRef latest_checkpoint(const std::string& run_dir) {
+void load_checkpoint(parallel::Engine& engine, const CheckpointRef& ck) {
+    const ckpt::CheckpointReader reader(ck.dir);
+    model::Transformer& m = engine.model();
+    const int zero = engine.zero_stage();
+    const auto ranges = saved_ranges(engine);
+    std::vector<std::pair<int64_t, int64_t>> all = {{0, m.flat_size()}};
+    float* params = zero == 3 ? engine.optimizer_params() : m.params();
+    const char* names[3] = {"param", "adam_m", "adam_v"};
+    float* dst[3] = {params, engine.optimizer().m(), engine.optimizer().v()};
+    for (int k = 0; k < 3; ++k) {
+        // Below stage 3 the parameters are whole on every rank; the
+        // optimizer state is whole below stage 1.
+        const bool sharded = k == 0 ? zero == 3 : zero >= 1;
+        for (const auto& [b, e_end] : sharded ? ranges : all) {
+            for (const auto& e : m.registry().entries()) {
+                const int64_t lo = std::max(e.offset, b),
+                              hi = std::min(e.offset + e.numel(), e_end);
+                if (lo >= hi) continue;
+                const int64_t at = sharded ? packed_offset(ranges, lo) : lo;
+                reader.read(names[k], e.name, e.placement(), lo - e.offset, hi - lo, dst[k] + at);
+            }
+        }
+    }
+    engine.params_loaded();
+    if (ck.version == 1) {
+        // Version 1 kept AdamW's step count in optimizer.safetensors.
+        const std::string path = (fs::path(ck.dir) / "optimizer.safetensors").string();
+        const ckpt::SafetensorsFile f(path, true);
+        const auto it = f.metadata().find("step_count");
+        json j;
+        if (it != f.metadata().end() && !it->second.empty() &&
+            it->second.find_first_not_of("0123456789") == std::string::npos) {
+            j["step_count"] = std::stoll(it->second);
+        }
+        engine.optimizer().set_step_count(
+            meta_int(j, "step_count", 0, std::numeric_limits<int64_t>::max(), path));
+        return;
+    }
+    const std::string where = ck.dir + "/" + ckpt::kManifestFile;
+    engine.optimizer().set_step_count(
+        meta_int(ck.meta, "optimizer_steps", 0, std::numeric_limits<int64_t>::max(), where));
+}
+
+void load_weights(const CheckpointRef& ck, model::Transformer& model) {
+    const ckpt::CheckpointReader reader(ck.dir);
+    float* params = model.params();
+    for (const auto& e : model.registry().entries()) {
+        reader.read("param", e.name, e.placement(), 0, e.numel(), params + e.offset);
+    }
+    for (const auto& name : reader.tensors("param")) {
+        if (!model.registry().find(name)) {
+            throw IoError(
+                fmt::format("{}: tensor '{}' is not part of this model: the checkpoint "
+                            "is of another model",
+                            ck.dir, name));
+        }
+    }
+}
+
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& run_dir) {
+    std::vector<std::pair<int64_t, std::string>> out;
+    const fs::path root = fs::path(run_dir) / "ckpt";
+    if (!fs::is_directory(root)) return out;
+    for (const auto& e : fs::directory_iterator(root)) {
+        const int64_t s = step_of(e.path().filename().string());
+        if (s >= 0 && e.is_directory() && complete(e.path()))
+            out.emplace_back(s, e.path().string());
+    }
+    std::sort(out.begin(), out.end(), std::greater<>());
+    return out;
+}
+
+namespace {
+
+CheckpointRef open_checked(const std::string& dir, bool full) {
+    CheckpointRef ref;
+    ref.dir = dir;
+    const bool v1 = !fs::exists(fs::path(dir) / ckpt::kManifestFile);
+    const std::string where = (fs::path(dir) / (v1 ? "meta.json" : ckpt::kManifestFile)).string();
+    if (!fs::exists(where))
+        throw IoError(fmt::format("{}: missing (checkpoint incomplete)", where));
+    const ckpt::CheckpointReader reader(dir);
+    ref.meta = reader.meta();
+    if (!ref.meta.is_object() || ref.meta.value("format", "") != kCheckpointFormat) {
+        throw IoError(fmt::format("{}: not an apiary checkpoint (format is not '{}')", where,
+                                  kCheckpointFormat));
+    }
+    ref.version = int(meta_int(ref.meta, "version", 1, kCheckpointVersion, where));
+    if (ref.version != (v1 ? 1 : 2)) {
+        throw IoError(fmt::format("{}: version {} does not match its files", where, ref.version));
+    }
+    // Everything later reads must be present: a manifest without them is
+    // damaged, and resuming from an unknown step would silently retrain.
+    ref.step = meta_int(ref.meta, "step", 0, std::numeric_limits<int64_t>::max(), where);
+    const int64_t named = step_of(fs::path(dir).filename().string());
+    if (named >= 0 && named != ref.step) {
+        throw IoError(fmt::format("{}: step {} but the folder is step {} (checkpoint damaged)",
+                                  where, ref.step, named));
+    }
+    if (!ref.meta.contains("model") || !ref.meta["model"].is_object()) {
+        throw IoError(fmt::format("{}: no 'model' description (checkpoint damaged)", where));
+    }
+    spec_from_json(ref.meta["model"], where);  // throws IoError if malformed
+    if (reader.files().empty()) {
+        throw IoError(
+            fmt::format("{}: no 'files' with sizes and checksums (checkpoint damaged, "
+                        "or written before checkpoints were checksummed)",
+                        where));
+    }
+    for (const auto& [name, rec] : reader.files().items()) {
+        const fs::path path = fs::path(dir) / name;
+        const int64_t bytes = meta_int(rec, "bytes", 0, std::numeric_limits<int64_t>::max(),
+                                       where + " (files." + name + ")");
+        if (!fs::is_regular_file(path)) {
+            throw IoError(fmt::format("{}: missing (recorded in {})", path.string(), where));
+        }
+        if (int64_t(fs::file_size(path)) != bytes) {
+            throw IoError(fmt::format("{}: {} bytes, but {} records {} (truncated or replaced)",
+                                      path.string(), fs::file_size(path), where, bytes));
+        }
+    }
+    if (full || v1) reader.verify_files();
+    return ref;
+}
+
+}  // namespace
+
+CheckpointRef open_checkpoint(const std::string& dir) { return open_checked(dir, true); }
+
+CheckpointRef latest_checkpoint(const std::string& run_dir, bool previous_good,
+                                std::vector<std::string>* skipped) {
     if (!fs::is_directory(run_dir)) {
         throw IoError(fmt::format("{}: no such run directory", run_dir));
     }
@@ -96,74 +359,41 @@ CheckpointRef latest_checkpoint(const std::string& run_dir) {
     }
     std::string name;
     std::getline(in, name);
-    if (name.find('/') != std::string::npos || name.find("..") != std::string::npos ||
-        name.empty()) {
-        throw IoError(fmt::format("{}: names '{}', not a checkpoint directory", latest.string(),
-                                  name));
+    if (step_of(name) < 0) {
+        throw IoError(fmt::format("{}: names '{}', not a checkpoint directory (step_N)",
+                                  latest.string(), name));
     }
-    CheckpointRef ref;
-    ref.dir = (fs::path(run_dir) / "ckpt" / name).string();
-    const fs::path meta_path = fs::path(ref.dir) / "meta.json";
-    std::ifstream mi(meta_path);
-    if (!mi) throw IoError(fmt::format("{}: missing (checkpoint incomplete)", meta_path.string()));
+    const std::string dir = (fs::path(run_dir) / "ckpt" / name).string();
     try {
-        ref.meta = json::parse(mi);
-    } catch (const json::parse_error& e) {
-        throw IoError(fmt::format("{}: not valid JSON (byte {})", meta_path.string(), e.byte));
-    }
-    if (!ref.meta.is_object() || ref.meta.value("format", "") != kCheckpointFormat) {
-        throw IoError(fmt::format("{}: not an apiary checkpoint (format is not '{}')",
-                                  meta_path.string(), kCheckpointFormat));
-    }
-    if (ref.meta.value("version", 0) != kCheckpointVersion) {
-        throw IoError(fmt::format("{}: checkpoint version {} is not supported (expected {})",
-                                  meta_path.string(), ref.meta.value("version", 0),
-                                  kCheckpointVersion));
-    }
-    // Everything later reads must be present: a meta.json without them is
-    // damaged, and resuming from an unknown step would silently retrain.
-    if (!ref.meta.contains("step") || !ref.meta["step"].is_number_integer() ||
-        ref.meta["step"].get<int64_t>() < 0) {
-        throw IoError(fmt::format("{}: no valid 'step' (checkpoint damaged)", meta_path.string()));
-    }
-    if (!ref.meta.contains("model") || !ref.meta["model"].is_object()) {
-        throw IoError(fmt::format("{}: no 'model' description (checkpoint damaged)",
-                                  meta_path.string()));
-    }
-    spec_from_json(ref.meta["model"], meta_path.string());  // throws IoError if malformed
-    ref.step = ref.meta["step"].get<int64_t>();
-    return ref;
-}
-
-void load_weights(const CheckpointRef& ckpt, model::Transformer& model, float* dst) {
-    if (!dst) dst = model.params();
-    const std::string path = (fs::path(ckpt.dir) / "model.safetensors").string();
-    const ckpt::SafetensorsFile file(path);
-    for (const auto& e : model.registry().entries()) {
-        if (!file.has(e.name)) {
-            throw IoError(fmt::format("{}: no tensor '{}': the checkpoint is of another model",
-                                      path, e.name));
+        // Every checksum when asked to fall back; otherwise the cheap checks
+        // here and each chunk's checksum as it is read.
+        return open_checked(dir, previous_good);
+    } catch (const IoError& damaged) {
+        // The newest earlier checkpoint that is intact.
+        std::vector<std::string> why = {damaged.what()};
+        std::optional<CheckpointRef> good;
+        for (const auto& [s, older] : list_checkpoints(run_dir)) {
+            if (s >= step_of(name)) continue;
+            try {
+                good = open_checkpoint(older);
+                break;
+            } catch (const IoError& e) {
+                why.push_back(e.what());
+            }
         }
-        file.read_f32(e.name, e.shape, dst + e.offset);
-    }
-}
-
-int64_t load_optimizer_state(const CheckpointRef& ck, const model::Transformer& model, float* m,
-                             float* v) {
-    const std::string path = (fs::path(ck.dir) / "optimizer.safetensors").string();
-    const ckpt::SafetensorsFile file(path);
-    for (const auto& e : model.registry().entries()) {
-        file.read_f32("m." + e.name, e.shape, m + e.offset);
-        file.read_f32("v." + e.name, e.shape, v + e.offset);
-    }
-    const auto it = file.metadata().find("step_count");
-    if (it == file.metadata().end()) {
-        throw IoError(fmt::format("{}: metadata has no step_count", path));
-    }
-    try {
-        return std::stoll(it->second);
-    } catch (const std::exception&) {
-        throw IoError(fmt::format("{}: step_count '{}' is not a number", path, it->second));
+        if (!good) {
+            throw IoError(fmt::format("{}\nno earlier intact checkpoint in {}", damaged.what(),
+                                      (fs::path(run_dir) / "ckpt").string()));
+        }
+        if (!previous_good) {
+            throw IoError(
+                fmt::format("{}\nthe latest checkpoint is damaged; {} (step {}) is "
+                            "intact: continue from it with `apiary train --resume {} "
+                            "--resume-from-previous-good`",
+                            damaged.what(), good->dir, good->step, run_dir));
+        }
+        if (skipped) *skipped = why;
+        return *good;
     }
 }
 

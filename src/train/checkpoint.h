@@ -1,54 +1,69 @@
 #pragma once
-// The single-file checkpoint: <run>/ckpt/step_<N>/model.safetensors (weights
-// by name), optimizer.safetensors (AdamW m and v) and meta.json; then
-// <run>/ckpt/latest names the newest complete one. Each file is written to a
-// temporary name, fsynced and renamed, and `latest` moves last, so a crash
-// mid-save leaves the previous checkpoint current.
+// Checkpoints of a run: <run>/ckpt/step_<N>/ holds one safetensors file per
+// rank with what that rank owns (its data-parallel piece of its tensor- and
+// pipeline-parallel shard: parameters and AdamW's m and v) and
+// manifest.json, which says where every slice of every global tensor is and
+// records the step, the model, the layout, the data loader's and the loss
+// scaler's state and every file's size and xxh64 (ckpt/sharded.h,
+// docs/formats.md). Each file is written under a temporary name, fsynced
+// and renamed; the manifest comes after every rank's file and <run>/ckpt/
+// latest moves last, so a crash mid-save leaves the previous checkpoint
+// current; a step folder without its manifest is a partial save, removed at
+// the next save. Loading reads only the slices this rank's place in the
+// current layout needs, whatever layout saved them (resharding).
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "core/model_spec.h"
 #include "model/model.h"
-#include "optim/adamw.h"
+#include "parallel/engine.h"
 
 namespace apiary::train {
 
 constexpr const char* kCheckpointFormat = "apiary.checkpoint";
-constexpr int kCheckpointVersion = 1;
+constexpr int kCheckpointVersion = 2;
 
 struct CheckpointRef {
     std::string dir;
-    nlohmann::json meta;
+    nlohmann::json meta;  // the manifest's description (or version 1's meta.json)
     int64_t step = 0;
+    int version = kCheckpointVersion;
 };
 
 nlohmann::json spec_to_json(const core::ModelSpec& spec);
+// Every field type- and range-checked; throws IoError naming `where`.
 core::ModelSpec spec_from_json(const nlohmann::json& j, const std::string& where);
+// j[key] as an integer in [lo, hi]; throws IoError naming `where` and the key.
+int64_t meta_int(const nlohmann::json& j, const std::string& key, int64_t lo, int64_t hi,
+                 const std::string& where);
 
-// Optimizer state over the whole flat buffer (gathered from every rank's
-// shard under ZeRO), so any number of ranks can resume from it.
-struct OptimizerState {
-    const float* m = nullptr;  // flat size, or null: no optimizer file
-    const float* v = nullptr;
-    int64_t step_count = 0;
-};
+// Collective over the engine's ranks: every rank writes its file, the first
+// writes the manifest (with `meta` at its top level), then `latest`; then
+// keeps only the newest `keep` checkpoints (0: all). Returns the directory.
+std::string save_checkpoint(parallel::Engine& engine, const std::string& run_dir, int64_t step,
+                            const nlohmann::json& meta, int64_t keep = 0);
+// Every rank reads its parameters and optimizer state (and AdamW's step
+// count) from the checkpoint, whatever layout wrote it.
+void load_checkpoint(parallel::Engine& engine, const CheckpointRef& ckpt);
+// The whole model's weights into a one-rank model (generate, export).
+void load_weights(const CheckpointRef& ckpt, model::Transformer& model);
 
-// Returns the checkpoint directory written.
-// params: the whole flat parameter buffer, if not the model's own (ZeRO-3).
-std::string save_checkpoint(const std::string& run_dir, int64_t step, model::Transformer& model,
-                            const OptimizerState& optimizer, const nlohmann::json& extra_meta,
-                            const float* params = nullptr);
-// Reads m and v (flat size each, in the model's layout) and the step count.
-int64_t load_optimizer_state(const CheckpointRef& ckpt, const model::Transformer& model, float* m,
-                             float* v);
+// A checkpoint directory, checked: the manifest well-formed (step, model,
+// file names, placements), and every file present with its recorded size
+// and xxh64. Throws IoError naming the file.
+CheckpointRef open_checkpoint(const std::string& dir);
 
-// The newest complete checkpoint of a run; throws IoError naming what is
-// missing or foreign.
-CheckpointRef latest_checkpoint(const std::string& run_dir);
-// Loads weights after checking architecture and every tensor's shape.
-// dst: a whole flat buffer to fill instead of the model's own (ZeRO-3).
-void load_weights(const CheckpointRef& ckpt, model::Transformer& model, float* dst = nullptr);
+// The checkpoint `latest` names, checked as open_checkpoint checks it. If it
+// is damaged, the error names the newest intact earlier one (if any) and
+// how to use it; with previous_good that one is returned instead, and
+// `skipped` (if given) gets what was wrong with the newer ones.
+CheckpointRef latest_checkpoint(const std::string& run_dir, bool previous_good = false,
+                                std::vector<std::string>* skipped = nullptr);
+
+// Complete step folders (those with a manifest), newest first.
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& run_dir);
 
 }  // namespace apiary::train

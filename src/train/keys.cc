@@ -26,21 +26,25 @@ void add_keys(core::Schema& s) {
                1e9);
     s.add_int("train.seed", 1337, "seed of initialisation (the data order has data.seed)", 0,
               9.2e18);
-    s.add_int("train.eval_every", 200, "steps between evaluations on the held-out split (0: only "
-              "at the end)", 0, 1e12);
+    s.add_int("train.eval_every", 200,
+              "steps between evaluations on the held-out split (0: only "
+              "at the end)",
+              0, 1e12);
     s.add_int("train.eval_batches", 16, "micro-batches per evaluation", 1, 1e9);
     s.add_int("train.log_every", 10, "steps between progress lines and metrics.jsonl records", 1,
               1e12);
-    s.add_int("train.threads", 0, "compute threads per rank (0: all cores this process may use)",
-              0, 4096);
+    s.add_int("train.threads", 0, "compute threads per rank (0: all cores this process may use)", 0,
+              4096);
     s.add_int("train.ckpt_every", 0, "steps between checkpoints (0: only the final one)", 0, 1e12);
+    s.add_int("train.ckpt_keep", 0,
+              "checkpoints kept in ckpt/: older ones are removed after each save (0: keep all)", 0,
+              1e9);
 
     s.add_real("train.loss_scale_init", 65536.0, "fp16: initial dynamic loss scale", 1.0, 1e30);
     s.add_int("train.loss_scale_growth_interval", 1000,
               "fp16: clean steps before the loss scale doubles", 1, 1e12);
     s.add_real("train.loss_scale_min", 1.0,
-               "fp16: the run stops with an error if the loss scale falls below this", 1e-30,
-               1e30);
+               "fp16: the run stops with an error if the loss scale falls below this", 1e-30, 1e30);
     s.add_string("debug.inject_overflow_steps", "",
                  "testing hook: comma-separated steps (1-based) whose gradients are made "
                  "non-finite, to exercise the overflow path");

@@ -26,9 +26,6 @@ struct TrainSummary {
     std::string checkpoint_dir;
 };
 
-// Set from a signal handler: finish the current step, save, stop.
-extern std::atomic<bool> g_stop_requested;
-
 // Validates config, corpus and run directory before writing anything; then
 // trains, logging to stdout and <run.dir>/metrics.jsonl, and saves a final
 // checkpoint. An existing non-empty run directory is an error unless
@@ -41,7 +38,10 @@ TrainSummary run_training(const core::Config& config, bool overwrite,
 // Continues the run in config's run.dir from its latest checkpoint. The
 // caller builds config from the run's own config.toml plus any overrides
 // (e.g. more train.steps). The resumed run sees the same batches and ends
-// with the same parameters as an uninterrupted one.
-TrainSummary resume_training(const core::Config& config, comm::ProcessGroup* world = nullptr);
+// with the same parameters as an uninterrupted one. The checkpoint is
+// checked first; if it is damaged the error names the newest intact one,
+// which previous_good resumes from instead.
+TrainSummary resume_training(const core::Config& config, comm::ProcessGroup* world = nullptr,
+                             bool previous_good = false);
 
 }  // namespace apiary::train

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "../cli_util.h"
 
@@ -15,7 +16,7 @@ namespace fs = std::filesystem;
 namespace {
 
 class CliErrors : public ::testing::Test {
-protected:
+  protected:
     void SetUp() override {
         dir_ = fs::temp_directory_path() /
                ("apiary_cli_" + std::to_string(::getpid()) + "_" +
@@ -94,6 +95,8 @@ TEST_F(CliErrors, ExistingRunIsNotOverwritten) {
     std::ofstream(dir_ / "run" / "precious.txt") << "keep";
     expect_error(train(""), "already holds a run");
     // A bad config on top of an existing run changes nothing either.
+    std::ofstream(dir_ / "run" / "config.toml") << "";
+    std::ofstream(dir_ / "run" / "metrics.jsonl") << "";
     expect_error(train("--overwrite --set model.n_head=7"), "does not divide");
     std::ifstream in(dir_ / "run" / "precious.txt");
     std::string s;
@@ -113,7 +116,8 @@ TEST_F(CliErrors, GenerateRejectsForeignCheckpoint) {
     const fs::path ck = dir_ / "foreign" / "ckpt" / "step_00000001";
     fs::create_directories(ck);
     std::ofstream(dir_ / "foreign" / "ckpt" / "latest") << "step_00000001";
-    std::ofstream(ck / "meta.json") << R"({"format": "something-else", "version": 1})";
+    std::ofstream(ck / "manifest.json")
+        << R"({"format": "something-else", "version": 2, "files": {}, "chunks": []})";
     expect_error(run_command(apiary_bin() + " generate --run " + (dir_ / "foreign").string()),
                  "not an apiary checkpoint");
 }
@@ -121,27 +125,29 @@ TEST_F(CliErrors, GenerateRejectsForeignCheckpoint) {
 TEST_F(CliErrors, GenerateRejectsTruncatedWeights) {
     // A real run, then its weights file cut short.
     ASSERT_EQ(train("").exit_code, 0);
-    const fs::path w = dir_ / "run" / "ckpt" / "step_00000002" / "model.safetensors";
+    const fs::path w = dir_ / "run" / "ckpt" / "step_00000002" / "rank_00000.safetensors";
     ASSERT_TRUE(fs::exists(w));
     fs::resize_file(w, fs::file_size(w) / 2);
     expect_error(run_command(apiary_bin() + " generate --run " + (dir_ / "run").string()),
-                 "model.safetensors");
+                 "rank_00000.safetensors: " + std::to_string(fs::file_size(w)) + " bytes");
 }
 
 TEST_F(CliErrors, UnsupportedLayoutIsRefusedBeforeWork) {
-    expect_error(train("--set parallel.tp=2"), "parallel.tp = 2");
+    expect_error(train("--set parallel.tp=2"), "world size 1 is not divisible by tp(2)");
     EXPECT_FALSE(fs::exists(dir_ / "run"));
 }
 
 TEST_F(CliErrors, DamagedCheckpointMetaIsRefusedNotRetrained) {
     ASSERT_EQ(train("").exit_code, 0);
-    std::ofstream(dir_ / "run" / "ckpt" / "step_00000002" / "meta.json", std::ios::trunc)
-        << R"({"format": "apiary.checkpoint", "version": 1})";
+    const fs::path manifest = dir_ / "run" / "ckpt" / "step_00000002" / "manifest.json";
+    nlohmann::json m = nlohmann::json::parse(std::ifstream(manifest));
+    m.erase("step");
+    std::ofstream(manifest, std::ios::trunc) << m.dump();
     expect_error(run_command(apiary_bin() + " generate --run " + (dir_ / "run").string()),
-                 "no valid 'step'");
+                 "manifest.json: 'step' is missing");
     expect_error(run_command(apiary_bin() + " train --resume " + (dir_ / "run").string() +
                              " --set train.steps=4"),
-                 "checkpoint damaged");
+                 "no earlier intact checkpoint");
     EXPECT_FALSE(fs::exists(dir_ / "run" / "ckpt" / "step_00000004"));
 }
 
@@ -168,8 +174,8 @@ TEST_F(CliErrors, InterruptSavesACheckpointAndExits130) {
     // SIGINT after 2 s of a run far too long to finish: the step completes,
     // a checkpoint is saved, the exit code says the run did not complete,
     // and --resume continues from it.
-    const auto r = run_command("timeout --preserve-status -s INT 2 " + apiary_bin() + " train --set run.dir=" +
-                               (dir_ / "run").string() +
+    const auto r = run_command("timeout --preserve-status -s INT 2 " + apiary_bin() +
+                               " train --set run.dir=" + (dir_ / "run").string() +
                                " --set train.steps=10000000 --set train.batch_size=1"
                                " --set train.seq_len=8 --set model.n_layer=1");
     EXPECT_EQ(r.exit_code, 130) << r.output;
@@ -183,8 +189,7 @@ TEST_F(CliErrors, InterruptSavesACheckpointAndExits130) {
     const auto resumed = run_command(apiary_bin() + " train --resume " + (dir_ / "run").string() +
                                      " --set train.steps=" + std::to_string(step + 2));
     EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
-    EXPECT_NE(resumed.output.find("resuming after step " + std::to_string(step)),
-              std::string::npos)
+    EXPECT_NE(resumed.output.find("resuming after step " + std::to_string(step)), std::string::npos)
         << resumed.output;
 }
 
@@ -195,20 +200,20 @@ TEST_F(CliErrors, SequenceParallelWithoutTensorParallelIsRefused) {
 
 TEST_F(CliErrors, DataSourceWithoutManifest) {
     fs::create_directories(dir_ / "shards");
-    expect_error(train("--set data.sources=" + (dir_ / "shards").string()),
-                 "data.sources: manifest '" + (dir_ / "shards" / "manifest.json").string() +
-                     "' not found");
+    expect_error(
+        train("--set data.sources=" + (dir_ / "shards").string()),
+        "data.sources: manifest '" + (dir_ / "shards" / "manifest.json").string() + "' not found");
     EXPECT_FALSE(fs::exists(dir_ / "run"));
 }
 
 TEST_F(CliErrors, TokenizerThatDidNotMakeTheShards) {
     const fs::path shards = make_shards(300);
     const fs::path other = dir_ / "other.json";
-    ASSERT_EQ(run_command(apiary_bin() + " tokenizer train --input " +
-                          (dir_ / "corpus.txt").string() + " --vocab-size 280 --out " +
-                          other.string())
-                  .exit_code,
-              0);
+    ASSERT_EQ(
+        run_command(apiary_bin() + " tokenizer train --input " + (dir_ / "corpus.txt").string() +
+                    " --vocab-size 280 --out " + other.string())
+            .exit_code,
+        0);
     const auto r = train("--set data.sources=" + shards.string() +
                          " --set data.tokenizer_file=" + other.string());
     expect_error(r, (shards / "manifest.json").string() + "' was tokenized with tokenizer");
@@ -229,5 +234,14 @@ TEST_F(CliErrors, ByteTokenizerWithShardsIsRefused) {
     expect_error(train("--set data.sources=" + shards.string() + " --set data.tokenizer=byte"),
                  "data.tokenizer = 'byte' applies to data.corpus");
     expect_error(train("--set data.curriculum_start=8"), "needs data.curriculum_steps > 0");
+    EXPECT_FALSE(fs::exists(dir_ / "run"));
+}
+
+TEST_F(CliErrors, PlannerOnlySettingsAreRefusedByTheTrainer) {
+    expect_error(train("--set parallel.cp=2"), "parallel.cp = 2: context and expert parallelism");
+    expect_error(train("--set parallel.ep=2"), "parallel.ep = 2");
+    expect_error(train("--set train.precision=fp8"), "modelled by `apiary plan` only");
+    expect_error(train("--set model.n_expert=8 --set model.n_expert_active=2"),
+                 "model.n_expert = 8 (mixture of experts)");
     EXPECT_FALSE(fs::exists(dir_ / "run"));
 }

@@ -64,7 +64,7 @@ TEST(Config, OutOfRangeAndChoices) {
     Config c(s);
     EXPECT_NE(error_of([&] { c.set("train.batch_size=0"); }).find("out of range"),
               std::string::npos);
-    EXPECT_NE(error_of([&] { c.set("train.precision=fp8"); }).find("not one of"),
+    EXPECT_NE(error_of([&] { c.set("train.precision=fp4"); }).find("not one of"),
               std::string::npos);
     EXPECT_NE(error_of([&] { c.set("train.lr=abc"); }).find("must be a number"),
               std::string::npos);

@@ -13,8 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "../cli_util.h"
-#include "ckpt/safetensors.h"
+#include "layout_util.h"
 
 using namespace apiary;
 using namespace apiary::testing;
@@ -24,7 +23,7 @@ using nlohmann::json;
 namespace {
 
 class Ddp : public ::testing::Test {
-protected:
+  protected:
     static void SetUpTestSuite() {
         dir_ = fs::temp_directory_path() / ("apiary_ddp_" + std::to_string(::getpid()));
         fs::create_directories(dir_);
@@ -33,43 +32,41 @@ protected:
     }
     static void TearDownTestSuite() { fs::remove_all(dir_); }
 
+    static std::string common() {
+        return "--set data.corpus=" + (dir_ / "corpus.txt").string() +
+               " --set model.n_layer=2 --set train.steps=20 --set train.seq_len=64"
+               " --set train.grad_accum=2 --set train.log_every=1"
+               " --set train.eval_every=10 --set train.eval_batches=2"
+               " --set train.threads=1 --set comm.bucket_mb=0.25 ";
+    }
     // Global batch 4 sequences: each of `ranks` ranks takes 4 / ranks.
     static CommandResult train(const std::string& name, int ranks, const std::string& extra = "") {
-        const std::string launcher =
-            ranks > 1 ? std::string(APIARY_MPIRUN) + " -n " + std::to_string(ranks) + " " : "";
-        return run_command(launcher + apiary_bin() + " train --set run.dir=" +
-                           (dir_ / name).string() + " --set data.corpus=" +
-                           (dir_ / "corpus.txt").string() +
-                           " --set model.n_layer=2 --set train.steps=20 --set train.seq_len=64"
-                           " --set train.grad_accum=2 --set train.log_every=1"
-                           " --set train.eval_every=10 --set train.eval_batches=2"
-                           " --set train.threads=1 --set comm.bucket_mb=0.25 --set train.batch_size=" +
-                           std::to_string(4 / ranks) + " " + extra);
+        return runs().run(
+            name, ranks,
+            common() + "--set train.batch_size=" + std::to_string(4 / ranks) + " " + extra);
     }
-    static std::vector<json> metrics(const std::string& name) {
-        std::vector<json> out;
-        std::ifstream in(dir_ / name / "metrics.jsonl");
-        std::string line;
-        while (std::getline(in, line)) out.push_back(json::parse(line));
-        return out;
+    // The initial parameters (one step at learning rate 0), which the
+    // parameter comparisons measure training's movement from.
+    static void ensure_init(const std::string& extra = "") {
+        const std::string name = "init" + std::to_string(std::hash<std::string>{}(extra) % 1000);
+        if (fs::exists(dir_ / name / "ckpt" / "latest")) return;
+        ASSERT_EQ(runs()
+                      .run(name, 1,
+                           common() +
+                               "--set train.batch_size=4 --set train.steps=1 "
+                               "--set train.lr=0 --set train.min_lr=0 " +
+                               extra)
+                      .exit_code,
+                  0);
     }
-    static std::vector<double> losses(const std::string& name) {
-        std::vector<double> l;
-        for (const auto& j : metrics(name)) {
-            if (j.contains("loss")) l.push_back(j["loss"].get<double>());
-        }
-        return l;
+    static std::string init_name(const std::string& extra = "") {
+        return "init" + std::to_string(std::hash<std::string>{}(extra) % 1000);
     }
-    static std::vector<double> params(const std::string& name) {
-        const ckpt::SafetensorsFile f(
-            (dir_ / name / "ckpt" / "step_00000020" / "model.safetensors").string());
-        std::vector<double> all;
-        for (const auto& n : f.names()) {
-            const auto v = f.read_as_f64(n);
-            all.insert(all.end(), v.begin(), v.end());
-        }
-        return all;
+    static LayoutRuns& runs() {
+        static LayoutRuns r(dir_);
+        return r;
     }
+    static std::vector<json> metrics(const std::string& name) { return runs().metrics(name); }
     static json memory(const std::string& name) {
         for (const auto& j : metrics(name)) {
             if (j.contains("memory_peak_bytes_per_rank")) return j;
@@ -82,27 +79,19 @@ protected:
         return m["params"].get<int64_t>() + m["grads"].get<int64_t>() +
                m["optimizer"].get<int64_t>();
     }
-    static void expect_same_run(const std::string& a, const std::string& b, double loss_tol,
-                                double param_tol) {
-        const auto la = losses(a), lb = losses(b);
-        ASSERT_EQ(la.size(), 20u) << a;
-        ASSERT_EQ(lb.size(), 20u) << b;
-        for (size_t i = 0; i < la.size(); ++i) {
-            EXPECT_NEAR(lb[i], la[i], loss_tol * la[i]) << b << " vs " << a << " step " << i + 1;
-        }
-        EXPECT_LT(params_differ(a, b), param_tol) << b << " vs " << a;
+    // Losses and gradient norms step by step, and the parameters' movement
+    // over the run, within the tolerances given.
+    static void expect_same_run(const std::string& a, const std::string& b, double tol,
+                                double update_tol, const std::string& init_extra = "") {
+        ensure_init(init_extra);
+        runs().expect_series_near(a, b, "loss", 20, tol);
+        runs().expect_series_near(a, b, "grad_norm", 20, 10 * tol);
+        EXPECT_LT(runs().update_difference(a, b, init_name(init_extra), 20), update_tol)
+            << b << " vs " << a;
     }
-    // Largest parameter difference between two runs' final checkpoints,
-    // relative to the largest parameter of the first.
     static double params_differ(const std::string& a, const std::string& b) {
-        const auto pa = params(a), pb = params(b);
-        EXPECT_EQ(pa.size(), pb.size());
-        double num = 0, den = 0;
-        for (size_t i = 0; i < std::min(pa.size(), pb.size()); ++i) {
-            num = std::max(num, std::fabs(pa[i] - pb[i]));
-            den = std::max(den, std::fabs(pa[i]));
-        }
-        return num / den;
+        ensure_init();
+        return runs().update_difference(a, b, init_name(), 20);
     }
     static fs::path dir_;
 };
@@ -118,7 +107,15 @@ TEST_F(Ddp, TwoAndFourRanksMatchOneRank) {
         ASSERT_EQ(r.exit_code, 0) << r.output;
         // fp32 sums in a different order: 1e-5 relative on losses; the
         // parameters after 20 AdamW steps agree to the same order.
-        expect_same_run("r1", name, 1e-5, 1e-5);
+        expect_same_run("r1", name, 1e-5, 1e-4);
+        // The gradient reductions start inside backward, as it completes
+        // each bucket (the embedding's last), none after it.
+        for (const auto& j : metrics(name)) {
+            if (!j.contains("loss")) continue;
+            EXPECT_GE(j["dp_reductions"].get<int>(), 4) << name;
+            EXPECT_EQ(j["dp_reductions_in_backward"].get<int>(), j["dp_reductions"].get<int>())
+                << name;
+        }
         // Rank 0 prints; every rank keeps its own log in the run directory.
         for (int rank = 0; rank < n; ++rank) {
             const fs::path log = dir_ / name / "logs" / fmt::format("rank_{:05d}.log", rank);
@@ -126,7 +123,8 @@ TEST_F(Ddp, TwoAndFourRanksMatchOneRank) {
             ASSERT_TRUE(in) << log;
             const std::string text((std::istreambuf_iterator<char>(in)), {});
             EXPECT_NE(text.find("step 20/20"), std::string::npos) << log;
-            EXPECT_NE(text.find(fmt::format("rank {}: step 20 took", rank)), std::string::npos)
+            EXPECT_NE(text.find(fmt::format("rank {} (dp {} tp 0 pp 0): step 20 took", rank, rank)),
+                      std::string::npos)
                 << log;
             EXPECT_NE(text.find("done: 20 steps"), std::string::npos) << log;
             EXPECT_EQ(text.find('\r'), std::string::npos) << log;
@@ -141,7 +139,7 @@ TEST_F(Ddp, ZeroStagesOneToThreeMatchOneRank) {
             const std::string name = fmt::format("z{}_{}", stage, n);
             const auto r = train(name, n, fmt::format("--set parallel.zero_stage={}", stage));
             ASSERT_EQ(r.exit_code, 0) << r.output;
-            expect_same_run("z_1", name, 1e-5, 1e-5);
+            expect_same_run("z_1", name, 1e-5, 1e-4);
         }
     }
     // Stages 2 and 3 reduce every micro-step, stage 1 once per step: the
@@ -161,8 +159,8 @@ TEST_F(Ddp, ModelStateMemoryFollowsTheZeroFormulas) {
             const std::string name = fmt::format("mem{}_{}", stage, n);
             const auto r = run_command(
                 std::string(APIARY_MPIRUN) + " -n " + std::to_string(n) + " " + apiary_bin() +
-                " train --set run.dir=" + (dir_ / name).string() + " --set data.corpus=" +
-                (dir_ / "corpus.txt").string() + " " + shape +
+                " train --set run.dir=" + (dir_ / name).string() +
+                " --set data.corpus=" + (dir_ / "corpus.txt").string() + " " + shape +
                 "--set train.threads=1 --set train.eval_batches=1 --set train.batch_size=1 " +
                 fmt::format("--set parallel.zero_stage={}", stage));
             ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -187,12 +185,15 @@ TEST_F(Ddp, Bf16TwoRanksMatchOneRankWithinBf16Tolerance) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     // bf16 operands are rounded the same way on every rank: what differs is
     // fp32 summation order, amplified through bf16 rounding of the next
-    // activations. 2e-3 relative is a quarter of bf16's 2^-8 resolution.
-    expect_same_run("b1", "b2", 2e-3, 2e-2);
+    // activations. 2e-3 relative is a quarter of bf16's 2^-8 resolution;
+    // the parameters end within 5% of how far training moved them (a run
+    // that did not train, or trained on other data, is at 100% or more).
+    const std::string bf16 = "--set train.precision=bf16";
+    expect_same_run("b1", "b2", 2e-3, 5e-2, bf16);
     // ZeRO-3: each gathered unit is rounded to bf16 as the whole copy was.
     const auto z = train("b2z3", 2, "--set train.precision=bf16 --set parallel.zero_stage=3");
     ASSERT_EQ(z.exit_code, 0) << z.output;
-    expect_same_run("b1", "b2z3", 2e-3, 2e-2);
+    expect_same_run("b1", "b2z3", 2e-3, 5e-2, bf16);
     EXPECT_EQ(model_state("b2z3"), memory("b2z3")["model_state_formula_bytes"].get<int64_t>());
 }
 
@@ -204,7 +205,7 @@ TEST_F(Ddp, Bf16ZeroStage1TracksDdp) {
     ASSERT_EQ(train("bz0", 2, "--set train.precision=bf16").exit_code, 0);
     const auto r = train("bz1", 2, "--set train.precision=bf16 --set parallel.zero_stage=1");
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    expect_same_run("bz0", "bz1", 2e-3, 2e-2);
+    expect_same_run("bz0", "bz1", 2e-3, 5e-2, "--set train.precision=bf16");
 }
 
 TEST_F(Ddp, Bf16GradientCommunicationTracksFp32Communication) {
@@ -213,12 +214,12 @@ TEST_F(Ddp, Bf16GradientCommunicationTracksFp32Communication) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     // Gradients rounded to bf16 once per step: the loss curve moves by far
     // less than bf16's resolution, but it does move (the option is live).
-    expect_same_run("w32", "w16", 2e-3, 2e-2);
-    EXPECT_NE(params("w32"), params("w16"));
+    expect_same_run("w32", "w16", 2e-3, 5e-2);
+    EXPECT_NE(runs().params("w32", 20), runs().params("w16", 20));
     // The same through ZeRO-2's reduce-scatters from lent buffers.
     const auto z = train("w16z2", 2, "--set comm.grad_dtype=bf16 --set parallel.zero_stage=2");
     ASSERT_EQ(z.exit_code, 0) << z.output;
-    expect_same_run("w32", "w16z2", 2e-3, 2e-2);
+    expect_same_run("w32", "w16z2", 2e-3, 5e-2);
 }
 
 TEST_F(Ddp, ResumeOnADifferentNumberOfRanks) {
@@ -229,11 +230,11 @@ TEST_F(Ddp, ResumeOnADifferentNumberOfRanks) {
               0);
     fs::remove_all(dir_ / "moved" / "ckpt" / "step_00000020");
     std::ofstream(dir_ / "moved" / "ckpt" / "latest", std::ios::trunc) << "step_00000010";
-    const auto r = run_command(std::string(APIARY_MPIRUN) + " -n 2 " + apiary_bin() +
-                               " train --resume " + (dir_ / "moved").string() +
-                               " --set train.batch_size=2");
+    const auto r =
+        run_command(std::string(APIARY_MPIRUN) + " -n 2 " + apiary_bin() + " train --resume " +
+                    (dir_ / "moved").string() + " --set train.batch_size=2");
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_LT(params_differ("one", "moved"), 1e-5);
+    EXPECT_LT(params_differ("one", "moved"), 1e-4);
 }
 
 TEST_F(Ddp, ZeroThreeCheckpointResumesOnTwoRanksAtStageTwo) {
@@ -248,7 +249,7 @@ TEST_F(Ddp, ZeroThreeCheckpointResumesOnTwoRanksAtStageTwo) {
                                " train --resume " + (dir_ / "moved3").string() +
                                " --set train.batch_size=2 --set parallel.zero_stage=2");
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_LT(params_differ("one3", "moved3"), 1e-5);
+    EXPECT_LT(params_differ("one3", "moved3"), 1e-4);
 }
 
 TEST_F(Ddp, CurriculumMatchesOneRankAndResumesOnAnotherRankCount) {
@@ -261,13 +262,13 @@ TEST_F(Ddp, CurriculumMatchesOneRankAndResumesOnAnotherRankCount) {
     ASSERT_EQ(train("c1", 1, cur).exit_code, 0);
     const auto r = train("c2", 2, cur);
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    expect_same_run("c1", "c2", 1e-5, 1e-5);
+    expect_same_run("c1", "c2", 1e-5, 1e-4);
     ASSERT_EQ(train("cm", 4, cur + " --set train.ckpt_every=10").exit_code, 0);
     fs::remove_all(dir_ / "cm" / "ckpt" / "step_00000020");
     std::ofstream(dir_ / "cm" / "ckpt" / "latest", std::ios::trunc) << "step_00000010";
-    const auto m = run_command(std::string(APIARY_MPIRUN) + " -n 2 " + apiary_bin() +
-                               " train --resume " + (dir_ / "cm").string() +
-                               " --set train.batch_size=2");
+    const auto m =
+        run_command(std::string(APIARY_MPIRUN) + " -n 2 " + apiary_bin() + " train --resume " +
+                    (dir_ / "cm").string() + " --set train.batch_size=2");
     ASSERT_EQ(m.exit_code, 0) << m.output;
     // The resumed steps 11-20 consumed the tokens of the one-rank run's.
     std::vector<int64_t> t1, tm;
@@ -275,12 +276,13 @@ TEST_F(Ddp, CurriculumMatchesOneRankAndResumesOnAnotherRankCount) {
         if (j.contains("loss")) t1.push_back(j["tokens"].get<int64_t>());
     }
     for (const auto& j : metrics("cm")) {
-        if (j.contains("loss") && j["step"].get<int>() > 10) tm.push_back(j["tokens"].get<int64_t>());
+        if (j.contains("loss") && j["step"].get<int>() > 10)
+            tm.push_back(j["tokens"].get<int64_t>());
     }
     ASSERT_EQ(t1.size(), 20u);
     EXPECT_EQ(std::vector<int64_t>(t1.begin() + 10, t1.end()),
               std::vector<int64_t>(tm.end() - 10, tm.end()));
-    EXPECT_LT(params_differ("c1", "cm"), 1e-5);
+    EXPECT_LT(params_differ("c1", "cm"), 1e-4);
 }
 
 TEST_F(Ddp, LayoutThatDoesNotDivideTheWorldIsRefusedOnEveryRank) {

@@ -212,3 +212,73 @@ TEST(PlanCli, DevicesListsTheCatalog) {
 }
 
 }  // namespace
+
+// A run whose nodes fail faster than it can checkpoint never finishes: a
+// warning in the table and the JSON, and no number for its time or cost.
+TEST(PlanCli, GoodputZeroIsAWarningNotANumber) {
+    const std::string args =
+        "plan --model gpt3-1.3b --gpus 64xH100-SXM --tokens 1e12 --global-batch 512 "
+        "--set train.seq_len=2048 --set train.precision=bf16 --set train.batch_size=1 "
+        "--set cluster.mtbf_node_hours=0.01";
+    const Result t = run(args);
+    ASSERT_EQ(t.code, 0) << t.out;
+    EXPECT_NE(t.out.find("warning: goodput is 0"), std::string::npos) << t.out;
+    EXPECT_EQ(t.out.find("inf"), std::string::npos) << t.out;
+    const Result j = run(args + " --json");
+    ASSERT_EQ(j.code, 0) << j.out;
+    const auto o = nlohmann::json::parse(j.out);
+    EXPECT_TRUE(o["time_to_train_days"].is_null());
+    EXPECT_TRUE(o["cost_usd"].is_null());
+    ASSERT_FALSE(o["warnings"].empty());
+}
+
+TEST(PlanCli, InconsistentLayoutsAreErrors) {
+    Result r = run("plan --model gpt3-1.3b --gpus 8xA100-80GB --set train.seq_len=4096");
+    EXPECT_NE(r.code, 0);
+    EXPECT_NE(r.out.find("model.max_seq_len = 2048"), std::string::npos) << r.out;
+    r = run("plan --model gpt3-1.3b --gpus 8xA100-80GB --set parallel.schedule=interleaved");
+    EXPECT_NE(r.code, 0);
+    EXPECT_NE(r.out.find("needs parallel.pp > 1"), std::string::npos) << r.out;
+    r = run("plan --model gpt3-1.3b --gpus 8xA100-80GB --set parallel.ep=2");
+    EXPECT_NE(r.code, 0);
+    EXPECT_NE(r.out.find("no experts"), std::string::npos) << r.out;
+    // Keys the planner ignores are named in a warning, in both outputs.
+    r =
+        run("plan --model gpt3-1.3b --gpus 8xA100-80GB --set parallel.sequence_parallel=true "
+            "--json");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(nlohmann::json::parse(r.out)["warnings"].dump().find("sequence_parallel"),
+              std::string::npos);
+}
+
+TEST(PlanCli, ValidatePrintsBothSplits) {
+    const Result r =
+        run(std::string("plan validate ") + APIARY_SOURCE_DIR + "/tests/plan/validation.toml");
+    ASSERT_EQ(r.code, 0) << r.out;
+    for (const char* s : {"throughput", "iteration time", "fit", "holdout", "p90"}) {
+        EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+    }
+    const Result j = run(std::string("plan validate --json ") + APIARY_SOURCE_DIR +
+                         "/tests/plan/validation.toml");
+    ASSERT_EQ(j.code, 0) << j.out;
+    EXPECT_GE(nlohmann::json::parse(j.out)["runs"].get<int>(), 60);
+}
+
+// Mixture of experts and context parallelism in `plan` and `plan search`.
+TEST(PlanCli, ExpertsAndContextParallelism) {
+    const std::string model =
+        "--set model.preset=llama3-8b --set model.n_expert=64 --set model.n_expert_active=4 "
+        "--set model.moe_ffn_hidden=1024 --set model.max_seq_len=32768 "
+        "--set train.seq_len=32768 --set train.precision=fp8 --set train.batch_size=1 ";
+    Result r = run("plan --gpus 64xH100-SXM --global-batch 64 " + model +
+                   "--set parallel.cp=4 --set parallel.ep=8 --json");
+    ASSERT_EQ(r.code, 0) << r.out;
+    auto o = nlohmann::json::parse(r.out);
+    EXPECT_EQ(o["layout"]["cp"], 4);
+    EXPECT_EQ(o["layout"]["ep"], 8);
+    EXPECT_GT(o["step_time_breakdown_s"]["ep_comm"].get<double>(), 0);
+    r = run("plan search --gpus 64xH100-SXM --global-batch 64 " + model + "--top 3 --json");
+    ASSERT_EQ(r.code, 0) << r.out;
+    o = nlohmann::json::parse(r.out);
+    EXPECT_GT(o["best"][0]["layout"]["cp"].get<int>() * o["best"][0]["layout"]["ep"].get<int>(), 1);
+}

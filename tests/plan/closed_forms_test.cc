@@ -128,10 +128,10 @@ TEST(PlanClosedForm, KorthikantiActivations) {
 // interleaved p (1 + (p - 1)/(p v)) (Narayanan et al. 2021; Korthikanti et
 // al. 2022, Section 4.2.3). Recomputation off, so blocks dominate.
 TEST(PlanClosedForm, PipelineScheduleActivationMemory) {
-    auto base = std::vector<std::string>{"model.preset=gpt3-13b", "cluster.device=A100-80GB",
-                                         "cluster.gpus=4",        "parallel.pp=4",
-                                         "train.batch_size=1",    "plan.global_batch=16",
-                                         "train.seq_len=2048",    "train.precision=bf16"};
+    auto base = std::vector<std::string>{
+        "model.preset=gpt3-13b", "cluster.device=A100-80GB", "cluster.gpus=4",
+        "parallel.pp=4",         "train.batch_size=1",       "plan.global_batch=16",
+        "train.seq_len=2048",    "train.precision=bf16",     "plan.attention=materialized"};
     auto act = [&](const char* sched, int v) {
         auto sets = base;
         sets.push_back(std::string("parallel.schedule=") + sched);
@@ -147,6 +147,48 @@ TEST(PlanClosedForm, PipelineScheduleActivationMemory) {
     EXPECT_NEAR(f1b, 4 * blocks, 0.01 * f1b);  // + the embedding mask, < 1%
     EXPECT_NEAR(gpipe, 16 * blocks, 0.01 * gpipe);
     EXPECT_NEAR(inter, 4 * (1 + 3.0 / 8) * blocks, 0.01 * inter);
+}
+
+// The general per-block count equals Korthikanti's Table 2 for a GPT block
+// with stored scores, and fused attention drops exactly the 5as^2b/t term.
+TEST(PlanClosedForm, BlockActivationsMatchKorthikanti) {
+    auto sets = std::vector<std::string>{"model.preset=gpt3-175b", "train.seq_len=2048",
+                                         "parallel.tp=8",          "cluster.gpus=8",
+                                         "train.batch_size=1",     "plan.attention=materialized",
+                                         "train.precision=bf16"};
+    for (bool sp : {false, true}) {
+        auto s2 = sets;
+        s2.push_back(std::string("parallel.sequence_parallel=") + (sp ? "true" : "false"));
+        auto in = input(s2);
+        for (Recompute r : {Recompute::none, Recompute::selective, Recompute::full}) {
+            EXPECT_NEAR(block_activation_bytes(in.w, in.l, false, r),
+                        layer_activation_bytes(in.w.model, 2048, 1, 8, sp, r, Dtype::bf16), 1.0);
+        }
+        in.w.flash = true;
+        const double scores = 5.0 * 96 * 2048.0 * 2048 / 8;
+        const double lse = 4.0 * 96 * 2048 / 8;
+        EXPECT_NEAR(
+            block_activation_bytes(in.w, in.l, false, Recompute::none),
+            layer_activation_bytes(in.w.model, 2048, 1, 8, sp, Recompute::none, Dtype::bf16) -
+                scores + lse,
+            1.0);
+    }
+}
+
+// Mixture of experts: total and active parameters of DeepSeek-V3 (671B and
+// 37B, DeepSeek-V3 technical report, Table 1; the MTP module excluded).
+TEST(PlanClosedForm, DeepSeekV3Parameters) {
+    const auto in = input(
+        {"model.preset=llama3-8b", "model.n_layer=61", "model.n_embd=7168", "model.n_head=128",
+         "model.n_kv_head=128", "model.head_dim=128", "model.kv_lora_rank=512",
+         "model.q_lora_rank=1536", "model.qk_rope_dim=64", "model.v_head_dim=128",
+         "model.n_expert=256", "model.n_expert_active=8", "model.n_shared_expert=1",
+         "model.moe_ffn_hidden=2048", "model.ffn_hidden=18432", "model.moe_dense_layers=3",
+         "model.vocab_size=129280", "model.max_seq_len=4096", "train.seq_len=4096"});
+    EXPECT_NEAR(double(in.w.model.num_params()) / 671e9, 1.0, 0.01);
+    // Active: the routed experts a token uses, plus the embedding (37B counts it).
+    const double active = double(in.w.model.num_active_matmul_params()) + 129280.0 * 7168;
+    EXPECT_NEAR(active / 37e9, 1.0, 0.03);
 }
 
 TEST(PlanClosedForm, YoungDalyAndGoodput) {

@@ -74,11 +74,27 @@ TEST(PlanSearch, LayoutsThatDoNotDivideAreConfigErrors) {
         EXPECT_NE(std::string(e.what()).find("not divisible"), std::string::npos) << e.what();
     }
     try {
-        input({"model.preset=gpt3-175b", "cluster.gpus=56", "parallel.pp=7",
+        input({"model.preset=gpt3-175b", "cluster.gpus=56", "parallel.pp=56",
                "parallel.schedule=interleaved", "plan.virtual_stages=2"});
         FAIL();
     } catch (const ConfigError& e) {
         EXPECT_NE(std::string(e.what()).find("model.n_layer = 96"), std::string::npos) << e.what();
+    }
+    // Interleaving needs a pipeline; context parallelism a sequence it divides;
+    // experts a model that has them.
+    EXPECT_THROW(
+        input({"model.preset=gpt3-175b", "cluster.gpus=8", "parallel.schedule=interleaved"}),
+        ConfigError);
+    EXPECT_THROW(
+        input({"model.preset=gpt3-175b", "cluster.gpus=8", "parallel.cp=3", "train.seq_len=2048"}),
+        ConfigError);
+    EXPECT_THROW(input({"model.preset=gpt3-175b", "cluster.gpus=8", "parallel.ep=2"}), ConfigError);
+    try {
+        input({"model.preset=gpt3-175b", "train.seq_len=4096"});
+        FAIL();
+    } catch (const ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("model.max_seq_len = 2048"), std::string::npos)
+            << e.what();
     }
     EXPECT_THROW(input({"model.preset=gpt3-175b", "cluster.gpus=128", "parallel.pp=128"}),
                  ConfigError);

@@ -46,7 +46,8 @@ inline std::vector<std::string> megatron_gpt(int layers, int hidden, int heads) 
             "model.n_embd=" + std::to_string(hidden),
             "model.n_head=" + std::to_string(heads),
             "model.vocab_size=51200",
-            "train.seq_len=2048"};
+            "train.seq_len=2048",
+            "plan.attention=materialized"};
 }
 
 inline std::vector<std::string> operator+(std::vector<std::string> a,

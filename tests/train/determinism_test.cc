@@ -44,7 +44,8 @@ struct Fixture {
         c.set("data.corpus=" + (dir / "corpus.txt").string());
         c.set("run.dir=" + (dir / name).string());
         const auto summary = train::run_training(c, false);
-        std::ifstream in(fs::path(summary.checkpoint_dir) / "model.safetensors", std::ios::binary);
+        std::ifstream in(fs::path(summary.checkpoint_dir) / "rank_00000.safetensors",
+                         std::ios::binary);
         return {std::istreambuf_iterator<char>(in), {}};
     }
 };

@@ -53,7 +53,7 @@ void check_resume(const std::string& precision, const std::string& inject) {
     auto resumed = make("crashed");
     const auto s = train::resume_training(resumed);
     EXPECT_EQ(s.steps, 8);
-    for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+    for (const char* f : {"rank_00000.safetensors"}) {
         const auto a = read_file(dir / "straight" / "ckpt" / "step_00000008" / f);
         const auto b = read_file(dir / "crashed" / "ckpt" / "step_00000008" / f);
         ASSERT_GT(a.size(), 1000u);
@@ -68,13 +68,14 @@ TEST(Resume, EqualsUninterruptedFp32) { check_resume("fp32", ""); }
 TEST(Resume, EqualsUninterruptedFp16WithScalerState) { check_resume("fp16", "3,6"); }
 
 TEST(Resume, FinishedRunNeedsMoreSteps) {
-    const fs::path dir = fs::temp_directory_path() / ("apiary_resume_done" + std::to_string(::getpid()));
+    const fs::path dir =
+        fs::temp_directory_path() / ("apiary_resume_done" + std::to_string(::getpid()));
     core::Schema schema;
     core::add_shared_keys(schema);
     train::add_keys(schema);
     core::Config c(schema);
     for (const char* kv : {"model.n_layer=1", "train.steps=2", "train.batch_size=1",
-                                  "train.seq_len=16", "train.eval_batches=1"}) {
+                           "train.seq_len=16", "train.eval_batches=1"}) {
         c.set(kv);
     }
     c.set("run.dir=" + dir.string());

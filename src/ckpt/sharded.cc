@@ -1,0 +1,375 @@
+#include "ckpt/sharded.h"
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <stdexcept>
+
+#include "core/error.h"
+
+namespace apiary::ckpt {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::string hex(uint64_t v) { return fmt::format("{:016x}", v); }
+
+json placement_json(const core::Placement& p) {
+    json j = {{"global_shape", p.global_shape}, {"local_shape", p.local_shape}};
+    if (p.dim >= 0) {
+        j["dim"] = p.dim;
+        json pieces = json::array();
+        for (const auto& [start, len] : p.pieces) pieces.push_back({start, len});
+        j["pieces"] = pieces;
+    }
+    return j;
+}
+
+// A file name the manifest may name: a plain name inside the directory.
+void check_file_name(const std::string& name, const std::string& where) {
+    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == ".." ||
+        name.find('\0') != std::string::npos) {
+        throw IoError(
+            fmt::format("{}: file name '{}' would leave the checkpoint directory", where, name));
+    }
+}
+
+int64_t json_int(const json& j, const char* key, const std::string& where) {
+    if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() < 0) {
+        throw IoError(fmt::format("{}: '{}' is missing or not a count", where, key));
+    }
+    return j[key].get<int64_t>();
+}
+
+core::Placement placement_from(const json& j, const std::string& where) {
+    core::Placement p;
+    try {
+        p.global_shape = j.at("global_shape").get<std::vector<int64_t>>();
+        p.local_shape = j.at("local_shape").get<std::vector<int64_t>>();
+        if (j.contains("dim")) {
+            p.dim = j.at("dim").get<int>();
+            for (const auto& piece : j.at("pieces")) {
+                p.pieces.emplace_back(piece.at(0).get<int64_t>(), piece.at(1).get<int64_t>());
+            }
+        }
+        p.validate();
+    } catch (const json::exception& e) {
+        throw IoError(fmt::format("{}: malformed placement: {}", where, e.what()));
+    } catch (const std::invalid_argument& e) {
+        throw IoError(fmt::format("{}: placement: {}", where, e.what()));
+    }
+    return p;
+}
+
+}  // namespace
+
+json write_chunks(const std::string& dir, const std::string& file,
+                  const std::vector<Chunk>& chunks) {
+    std::vector<TensorEntry> entries;
+    json listed = json::array();
+    for (const auto& c : chunks) {
+        const std::string key = fmt::format("{}/{}/{}", c.kind, c.tensor, c.begin);
+        const size_t nbytes = size_t(c.count) * sizeof(float);
+        entries.push_back({key, "F32", {c.count}, c.data, nbytes});
+        listed.push_back({{"tensor", c.tensor},
+                          {"kind", c.kind},
+                          {"file", file},
+                          {"key", key},
+                          {"placement", placement_json(c.place)},
+                          {"begin", c.begin},
+                          {"count", c.count},
+                          {"xxh64", hex(XXH64(c.data, nbytes, 0))}});
+    }
+    const FileDigest d =
+        write_safetensors((fs::path(dir) / file).string(), entries, {{"producer", "apiary"}});
+    return {{"file", file}, {"bytes", d.bytes}, {"xxh64", hex(d.xxh64)}, {"chunks", listed}};
+}
+
+void write_manifest(const std::string& dir, const std::vector<json>& parts, json meta) {
+    json files = json::object(), chunks = json::array();
+    for (const auto& part : parts) {
+        files[part["file"].get<std::string>()] = {{"bytes", part["bytes"]},
+                                                  {"xxh64", part["xxh64"]}};
+        for (const auto& c : part["chunks"]) chunks.push_back(c);
+    }
+    meta["files"] = files;
+    meta["chunks"] = chunks;
+    const std::string text = meta.dump(1) + "\n";
+    atomic_write((fs::path(dir) / kManifestFile).string(), text.data(), text.size());
+}
+
+CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
+    const fs::path path = fs::path(dir) / kManifestFile;
+    if (!fs::exists(path) && fs::exists(fs::path(dir) / "meta.json")) {
+        open_v1();
+        return;
+    }
+    const std::string where = path.string();
+    std::ifstream in(path);
+    if (!in) throw IoError(fmt::format("{}: missing (checkpoint incomplete)", where));
+    json m;
+    try {
+        m = json::parse(in);
+    } catch (const json::parse_error& e) {
+        throw IoError(fmt::format("{}: not valid JSON (byte {})", where, e.byte));
+    }
+    if (!m.is_object() || !m.contains("files") || !m["files"].is_object() ||
+        !m.contains("chunks") || !m["chunks"].is_array()) {
+        throw IoError(fmt::format("{}: no 'files' and 'chunks' (not a sharded checkpoint)", where));
+    }
+    files_ = m["files"];
+    for (const auto& [name, rec] : files_.items()) check_file_name(name, where);
+    for (size_t i = 0; i < m["chunks"].size(); ++i) {
+        const json& c = m["chunks"][i];
+        const std::string w = fmt::format("{} (chunk {})", where, i);
+        StoredChunk s;
+        try {
+            s.tensor = c.at("tensor").get<std::string>();
+            s.kind = c.at("kind").get<std::string>();
+            s.file = c.at("file").get<std::string>();
+            s.key = c.at("key").get<std::string>();
+            s.xxh64 = c.at("xxh64").get<std::string>();
+        } catch (const json::exception& e) {
+            throw IoError(fmt::format("{}: malformed: {}", w, e.what()));
+        }
+        check_file_name(s.file, w);
+        if (!files_.contains(s.file)) {
+            throw IoError(
+                fmt::format("{}: names file '{}', which 'files' does not list", w, s.file));
+        }
+        s.place = placement_from(c.at("placement"), w + " '" + s.tensor + "'");
+        s.begin = json_int(c, "begin", w);
+        s.count = json_int(c, "count", w);
+        if (s.begin + s.count > s.place.local_numel()) {
+            throw IoError(fmt::format("{}: '{}' elements [{}, {}) beyond its {} local elements", w,
+                                      s.tensor, s.begin, s.begin + s.count, s.place.local_numel()));
+        }
+        by_tensor_[{s.kind, s.tensor}].push_back(chunks_.size());
+        chunks_.push_back(std::move(s));
+    }
+    m.erase("files");
+    m.erase("chunks");
+    meta_ = std::move(m);
+}
+
+CheckpointReader::~CheckpointReader() = default;
+
+void CheckpointReader::open_v1() {
+    // Version 1: meta.json, model.safetensors (whole tensors by name) and
+    // optimizer.safetensors (m.<name>, v.<name>), checked by the files'
+    // digests in meta.json.
+    const fs::path path = fs::path(dir_) / "meta.json";
+    std::ifstream in(path);
+    try {
+        meta_ = json::parse(in);
+    } catch (const json::parse_error& e) {
+        throw IoError(fmt::format("{}: not valid JSON (byte {})", path.string(), e.byte));
+    }
+    if (meta_.contains("files")) files_ = meta_["files"];
+    for (const char* name : {"model.safetensors", "optimizer.safetensors"}) {
+        if (!fs::exists(fs::path(dir_) / name)) continue;
+        const SafetensorsFile& f = file(name);
+        for (const std::string& key : f.names()) {
+            StoredChunk s;
+            s.file = name;
+            s.key = key;
+            s.kind = "param";
+            s.tensor = key;
+            if (std::string(name) == "optimizer.safetensors") {
+                s.kind = key.rfind("m.", 0) == 0 ? "adam_m" : "adam_v";
+                s.tensor = key.substr(2);
+            }
+            const TensorEntry& e = f.entry(key);
+            s.place.global_shape = e.shape;
+            s.place.local_shape = e.shape;
+            s.count = s.place.local_numel();
+            by_tensor_[{s.kind, s.tensor}].push_back(chunks_.size());
+            chunks_.push_back(std::move(s));
+        }
+    }
+    meta_.erase("files");
+}
+
+const SafetensorsFile& CheckpointReader::file(const std::string& name) const {
+    auto& f = open_[name];
+    if (!f) f = std::make_unique<SafetensorsFile>((fs::path(dir_) / name).string(), true);
+    return *f;
+}
+
+std::vector<std::string> CheckpointReader::tensors(const std::string& kind) const {
+    std::vector<std::string> out;
+    for (const auto& [k, v] : by_tensor_) {
+        if (k.first == kind) out.push_back(k.second);
+    }
+    return out;
+}
+
+bool CheckpointReader::has(const std::string& kind, const std::string& tensor) const {
+    return by_tensor_.count({kind, tensor}) > 0;
+}
+
+std::vector<int64_t> CheckpointReader::global_shape(const std::string& kind,
+                                                    const std::string& tensor) const {
+    const auto it = by_tensor_.find({kind, tensor});
+    if (it == by_tensor_.end()) {
+        throw IoError(fmt::format("{}: no {} tensor '{}'", dir_, kind, tensor));
+    }
+    return chunks_[it->second.front()].place.global_shape;
+}
+
+void CheckpointReader::read(const std::string& kind, const std::string& tensor,
+                            const core::Placement& want, int64_t begin, int64_t count,
+                            float* dst) const {
+    const auto it = by_tensor_.find({kind, tensor});
+    if (it == by_tensor_.end()) {
+        throw IoError(fmt::format("{}: no {} tensor '{}': the checkpoint is of another model", dir_,
+                                  kind, tensor));
+    }
+    // The stored runs of the tensor in global order: (global start, length,
+    // chunk, element offset within the chunk).
+    struct Run {
+        int64_t global, len;
+        size_t chunk;
+        int64_t at;
+    };
+    std::vector<Run> runs;
+    for (size_t ci : it->second) {
+        const StoredChunk& c = chunks_[ci];
+        if (c.place.global_shape != want.global_shape) {
+            throw IoError(
+                fmt::format("{}: {} tensor '{}' has global shape [{}], the model needs "
+                            "[{}]: the checkpoint is of another model",
+                            dir_, kind, tensor, fmt::join(c.place.global_shape, ", "),
+                            fmt::join(want.global_shape, ", ")));
+        }
+        c.place.for_each_run(
+            [&](int64_t g, int64_t l, int64_t len) {
+                runs.push_back({g, len, ci, l - c.begin});
+            },
+            c.begin, c.count);
+    }
+    std::sort(runs.begin(), runs.end(),
+              [](const Run& a, const Run& b) { return a.global < b.global; });
+    // Chunks are read whole once, on first use, and checked.
+    std::map<size_t, std::vector<float>> loaded;
+    auto data_of = [&](size_t ci) -> const float* {
+        auto found = loaded.find(ci);
+        if (found != loaded.end()) return found->second.data();
+        const StoredChunk& c = chunks_[ci];
+        std::vector<float> buf(size_t(c.count));
+        file(c.file).read_bytes(c.key, 0, buf.size() * sizeof(float), buf.data());
+        if (!c.xxh64.empty() && hex(XXH64(buf.data(), buf.size() * sizeof(float), 0)) != c.xxh64) {
+            throw IoError(
+                fmt::format("{}/{}: {} tensor '{}' elements [{}, {}): xxh64 does not "
+                            "match the manifest's {} (the file is corrupted)",
+                            dir_, c.file, c.kind, c.tensor, c.begin, c.begin + c.count, c.xxh64));
+        }
+        return loaded.emplace(ci, std::move(buf)).first->second.data();
+    };
+    want.for_each_run(
+        [&](int64_t g, int64_t l, int64_t len) {
+            // The first stored run that ends after g.
+            auto r = std::upper_bound(runs.begin(), runs.end(), g,
+                                      [](int64_t x, const Run& run) { return x < run.global; });
+            if (r != runs.begin()) --r;
+            int64_t done = 0;
+            while (done < len) {
+                const int64_t at = g + done;
+                while (r != runs.end() && r->global + r->len <= at) ++r;
+                if (r == runs.end() || r->global > at) {
+                    throw IoError(fmt::format(
+                        "{}: {} tensor '{}': global elements from {} are in no stored chunk "
+                        "(the manifest's slices do not cover the tensor)",
+                        dir_, kind, tensor, at));
+                }
+                const int64_t n = std::min(len - done, r->global + r->len - at);
+                const float* src = data_of(r->chunk) + r->at + (at - r->global);
+                std::copy_n(src, n, dst + (l - begin) + done);
+                done += n;
+            }
+        },
+        begin, count);
+}
+
+void CheckpointReader::verify_files() const {
+    for (const auto& [name, rec] : files_.items()) {
+        const std::string path = (fs::path(dir_) / name).string();
+        if (!fs::is_regular_file(path)) {
+            throw IoError(fmt::format("{}: missing (listed in the manifest)", path));
+        }
+        const FileDigest d = digest_file(path);
+        if (!rec.contains("bytes") || !rec.contains("xxh64") ||
+            d.bytes != rec["bytes"].get<uint64_t>()) {
+            throw IoError(
+                fmt::format("{}: {} bytes, but the manifest records {} (truncated or "
+                            "replaced)",
+                            path, d.bytes, rec.value("bytes", json()).dump()));
+        }
+        if (hex(d.xxh64) != rec["xxh64"].get<std::string>()) {
+            throw IoError(
+                fmt::format("{}: xxh64 {} does not match {} recorded in the manifest "
+                            "(the file is corrupted)",
+                            path, hex(d.xxh64), rec["xxh64"].get<std::string>()));
+        }
+    }
+}
+
+void CheckpointReader::verify_chunks() const {
+    for (const auto& c : chunks_) {
+        if (c.xxh64.empty()) continue;
+        std::vector<float> buf(size_t(c.count));
+        file(c.file).read_bytes(c.key, 0, buf.size() * sizeof(float), buf.data());
+        if (hex(XXH64(buf.data(), buf.size() * sizeof(float), 0)) != c.xxh64) {
+            throw IoError(
+                fmt::format("{}/{}: {} tensor '{}' elements [{}, {}): xxh64 does not "
+                            "match the manifest's {} (the file is corrupted)",
+                            dir_, c.file, c.kind, c.tensor, c.begin, c.begin + c.count, c.xxh64));
+        }
+    }
+}
+
+std::string CheckpointReader::check_coverage() const {
+    for (const auto& [key, ids] : by_tensor_) {
+        std::vector<std::pair<int64_t, int64_t>> runs;
+        const auto& shape = chunks_[ids.front()].place.global_shape;
+        for (size_t ci : ids) {
+            const StoredChunk& c = chunks_[ci];
+            if (c.place.global_shape != shape) {
+                return fmt::format("{} '{}': chunks disagree on the global shape ([{}] vs [{}])",
+                                   key.first, key.second, fmt::join(shape, ", "),
+                                   fmt::join(c.place.global_shape, ", "));
+            }
+            c.place.for_each_run(
+                [&](int64_t g, int64_t, int64_t len) { runs.emplace_back(g, len); }, c.begin,
+                c.count);
+        }
+        std::sort(runs.begin(), runs.end());
+        int64_t next = 0;
+        for (const auto& [g, len] : runs) {
+            if (g < next) {
+                return fmt::format("{} '{}': global elements from {} are stored twice", key.first,
+                                   key.second, g);
+            }
+            if (g > next) {
+                return fmt::format("{} '{}': global elements [{}, {}) are stored nowhere",
+                                   key.first, key.second, next, g);
+            }
+            next = g + len;
+        }
+        int64_t total = 1;
+        for (int64_t d : shape) total *= d;
+        if (next != total) {
+            return fmt::format("{} '{}': global elements [{}, {}) are stored nowhere", key.first,
+                               key.second, next, total);
+        }
+    }
+    return "";
+}
+
+}  // namespace apiary::ckpt

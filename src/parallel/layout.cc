@@ -1,0 +1,245 @@
+#include "parallel/layout.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <sstream>
+
+#include "core/error.h"
+#include "parallel/zero.h"
+
+namespace apiary::parallel {
+
+namespace {
+
+std::vector<int> parse_layer_list(const std::string& text) {
+    std::vector<int> out;
+    std::stringstream ss(text);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        try {
+            size_t used = 0;
+            const int v = std::stoi(item, &used);
+            if (used != item.size() || v < 1) throw std::invalid_argument(item);
+            out.push_back(v);
+        } catch (const std::exception&) {
+            throw ConfigError(
+                fmt::format("parallel.stage_layers = '{}': '{}' is not a block "
+                            "count (1, 2, ...)",
+                            text, item));
+        }
+    }
+    return out;
+}
+
+std::string join(const std::vector<int>& v, const char* sep) {
+    std::string s;
+    for (size_t i = 0; i < v.size(); ++i) s += fmt::format("{}{}", i ? sep : "", v[i]);
+    return s;
+}
+
+// Divisors of n up to `limit`, for messages that say what would work.
+std::string divisors(int64_t n, int64_t limit = 64) {
+    std::string s;
+    for (int64_t d = 1; d <= std::min(n, limit); ++d) {
+        if (n % d == 0) s += fmt::format("{}{}", s.empty() ? "" : ", ", d);
+    }
+    return s;
+}
+
+}  // namespace
+
+std::vector<int> balanced_stage_layers(const core::ModelSpec& spec, int parts, int seq_len) {
+    const int L = spec.n_layer;
+    // Training FLOPs per token (forward and backward): a block's matmuls
+    // and attention, and the LM head on the last stage.
+    const double block = 6.0 * double(spec.attn_params() + spec.mlp_params(spec.ffn_dim())) +
+                         6.0 * double(seq_len) * double(spec.qk_width() + spec.v_width());
+    const double head = 6.0 * double(spec.vocab_size) * double(spec.n_embd);
+    // best[k][l]: the smallest possible maximum over the first k parts
+    // holding the first l blocks (each part at least one block).
+    const double inf = std::numeric_limits<double>::infinity();
+    std::vector<std::vector<double>> best(size_t(parts) + 1,
+                                          std::vector<double>(size_t(L) + 1, inf));
+    std::vector<std::vector<int>> cut(size_t(parts) + 1, std::vector<int>(size_t(L) + 1, 0));
+    best[0][0] = 0;
+    for (int k = 1; k <= parts; ++k) {
+        for (int l = k; l <= L; ++l) {
+            for (int from = k - 1; from < l; ++from) {
+                double cost = double(l - from) * block;
+                if (k == parts) cost += head;
+                const double m = std::max(best[size_t(k - 1)][size_t(from)], cost);
+                if (m < best[size_t(k)][size_t(l)] - 1e-9) {
+                    best[size_t(k)][size_t(l)] = m;
+                    cut[size_t(k)][size_t(l)] = from;
+                }
+            }
+        }
+    }
+    std::vector<int> counts(static_cast<size_t>(parts));
+    int l = L;
+    for (int k = parts; k >= 1; --k) {
+        const int from = cut[size_t(k)][size_t(l)];
+        counts[size_t(k - 1)] = l - from;
+        l = from;
+    }
+    return counts;
+}
+
+ParallelLayout parallel_layout_from(const core::Config& c, const core::ModelSpec& spec,
+                                    int world_size) {
+    ParallelLayout out;
+    out.mesh = comm::mesh_shape_from(c, world_size);
+    const int tp = out.mesh.tp, pp = out.mesh.pp;
+    out.zero_stage = int(c.get_int("parallel.zero_stage"));
+    check_zero_stage(out.zero_stage);
+    out.recompute = model::parse_recompute(c.get_string("parallel.recompute"));
+    out.schedule = parse_schedule(c.get_string("parallel.schedule"));
+    out.sequence_parallel = c.get_bool("parallel.sequence_parallel");
+    const int64_t B = c.get_int("train.batch_size"), T = c.get_int("train.seq_len");
+    const int accum = int(c.get_int("train.grad_accum"));
+    const int mb = int(c.get_int("parallel.microbatches"));
+    if (mb > 0 && mb != accum) {
+        throw ConfigError(
+            fmt::format("parallel.microbatches = {} but train.grad_accum = {}: the "
+                        "pipeline's micro-batches are the step's micro-steps; set "
+                        "train.grad_accum = {} (or parallel.microbatches = 0)",
+                        mb, accum, mb));
+    }
+    out.microbatches = accum;
+
+    // Tensor parallelism: whole heads, KV groups and MLP slices per rank.
+    model::local_dims(spec, tp, 0);
+    if (out.sequence_parallel && tp == 1) {
+        throw ConfigError(
+            "parallel.sequence_parallel = true needs tensor parallelism "
+            "(parallel.tp > 1): it splits the norms' rows across the tp ranks");
+    }
+    if (out.sequence_parallel) {
+        const int64_t start = c.get_int("data.curriculum_start");
+        for (int64_t t : {T, start}) {
+            if (t <= 0) continue;
+            const int64_t rows = B * t;  // curriculum 'tokens' mode keeps B*T
+            if (rows % tp != 0) {
+                throw ConfigError(fmt::format(
+                    "parallel.sequence_parallel: a micro-batch of {} x {} = {} rows does not "
+                    "split over parallel.tp = {}; make train.batch_size x train.seq_len a "
+                    "multiple of {}",
+                    B, t, rows, tp, tp));
+            }
+        }
+    }
+
+    // Pipeline parallelism.
+    if (out.schedule == ScheduleKind::interleaved) {
+        if (pp == 1) {
+            throw ConfigError(
+                "parallel.schedule = 'interleaved' needs parallel.pp > 1 (there is "
+                "no pipeline to interleave); use 1f1b");
+        }
+        out.virtual_stages = int(c.get_int("parallel.virtual_stages"));
+        if (accum % pp != 0) {
+            throw ConfigError(fmt::format(
+                "parallel.schedule = 'interleaved' needs the micro-batches (train.grad_accum = {}) "
+                "to be a multiple of parallel.pp = {} (Megatron-LM's rule); e.g. {}",
+                accum, pp, ((accum + pp - 1) / pp) * pp));
+        }
+    }
+    if (pp > 1 && out.schedule == ScheduleKind::one_f_one_b && accum < pp) {
+        throw ConfigError(fmt::format(
+            "parallel.schedule = '1f1b' with {} micro-batches (train.grad_accum) and "
+            "parallel.pp = {} stages: 1F1B needs at least as many micro-batches as stages; set "
+            "train.grad_accum >= {} (4 x {} keeps the bubble near 20%)",
+            accum, pp, pp, pp));
+    }
+    if (pp > 1 && out.zero_stage >= 2) {
+        throw ConfigError(fmt::format(
+            "parallel.zero_stage = {} with parallel.pp = {}: ZeRO-2 and -3 reduce (and gather) "
+            "every micro-batch, which the pipeline's interleaved micro-batches do not allow "
+            "here; use parallel.zero_stage = 1 with pipeline parallelism",
+            out.zero_stage, pp));
+    }
+    const int parts = pp * out.virtual_stages;
+    const int L = spec.n_layer;
+    std::vector<int> counts;
+    if (const std::string& list = c.get_string("parallel.stage_layers"); !list.empty()) {
+        counts = parse_layer_list(list);
+        const int sum = std::accumulate(counts.begin(), counts.end(), 0);
+        if (int(counts.size()) != parts || sum != L) {
+            throw ConfigError(fmt::format(
+                "parallel.stage_layers = '{}': {} entries summing to {}, but the model has "
+                "model.n_layer = {} blocks over {} {}stages; give {} counts that sum to {}",
+                list, counts.size(), sum, L, parts, out.virtual_stages > 1 ? "virtual " : "", parts,
+                L));
+        }
+    } else if (out.virtual_stages > 1) {
+        if (L % parts != 0) {
+            throw ConfigError(fmt::format(
+                "parallel.schedule = 'interleaved' with parallel.pp = {} x "
+                "parallel.virtual_stages = {} = {} virtual stages does not divide model.n_layer "
+                "= {}; pick virtual_stages among the divisors of {} / pp, or list the blocks "
+                "with parallel.stage_layers",
+                pp, out.virtual_stages, parts, L, L));
+        }
+        counts.assign(size_t(parts), L / parts);
+    } else {
+        if (L < parts) {
+            throw ConfigError(
+                fmt::format("parallel.pp = {} stages for model.n_layer = {} blocks: "
+                            "every stage needs at least one block (pp can be {})",
+                            pp, L, divisors(L, L)));
+        }
+        counts = balanced_stage_layers(spec, parts, int(T));
+    }
+    int next = 0;
+    for (int count : counts) {
+        out.stage_blocks.emplace_back();
+        for (int i = 0; i < count; ++i) out.stage_blocks.back().push_back(next++);
+    }
+    return out;
+}
+
+ParallelLayout one_rank_layout(const core::ModelSpec& spec, int microbatches) {
+    ParallelLayout l;
+    l.microbatches = microbatches;
+    l.stage_blocks.emplace_back();
+    for (int b = 0; b < spec.n_layer; ++b) l.stage_blocks[0].push_back(b);
+    return l;
+}
+
+std::string ParallelLayout::describe() const {
+    std::vector<int> counts;
+    for (const auto& s : stage_blocks) counts.push_back(int(s.size()));
+    std::string pipe;
+    if (mesh.pp > 1) {
+        pipe = fmt::format(", {}{}, {} micro-batches, blocks per stage {}", schedule_name(schedule),
+                           virtual_stages > 1 ? fmt::format(" x{}", virtual_stages) : "",
+                           microbatches, join(counts, "+"));
+    }
+    return fmt::format("dp {} x tp {} x pp {}{}{}{}{}", mesh.dp, mesh.tp, mesh.pp,
+                       zero_stage ? fmt::format(", zero {}", zero_stage) : "",
+                       sequence_parallel ? ", sequence parallel" : "",
+                       recompute != model::Recompute::none
+                           ? fmt::format(", recompute {}", model::recompute_name(recompute))
+                           : "",
+                       pipe);
+}
+
+model::ModelShard ParallelLayout::shard(const comm::MeshCoord& coord) const {
+    model::ModelShard s;
+    s.tp_size = mesh.tp;
+    s.tp_rank = coord.tp;
+    s.sequence_parallel = sequence_parallel && mesh.tp > 1;
+    s.recompute = recompute;
+    const int p = mesh.pp;
+    for (int chunk = 0; chunk < virtual_stages; ++chunk) {
+        s.chunks.push_back(stage_blocks[size_t(chunk * p + coord.pp)]);
+    }
+    s.embedding = coord.pp == 0;
+    s.head = coord.pp == p - 1;
+    return s;
+}
+
+}  // namespace apiary::parallel

@@ -1,0 +1,43 @@
+#include "parallel/tp_comm.h"
+
+#include <chrono>
+
+namespace apiary::parallel {
+
+using comm::DType;
+using comm::ReduceOp;
+
+void TpComm::wait(const comm::WorkHandle& w, double bytes) {
+    const auto t0 = std::chrono::steady_clock::now();
+    w->wait();
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    bytes_ += bytes;
+    ++calls_;
+}
+
+void TpComm::all_reduce_sum(float* x, int64_t n) {
+    wait(group_.all_reduce(x, n, DType::f32, ReduceOp::sum, {"tp_sum", calls_}), 4.0 * double(n));
+}
+
+void TpComm::all_reduce_max(float* x, int64_t n) {
+    wait(group_.all_reduce(x, n, DType::f32, ReduceOp::max, {"tp_max", calls_}), 4.0 * double(n));
+}
+
+void TpComm::all_gather_rows(const float* local, float* full, int64_t rows, int64_t cols) {
+    wait(group_.all_gather(local, full, rows * cols, DType::f32, {"tp_gather", calls_}),
+         4.0 * double(rows * cols * size()));
+}
+
+void TpComm::all_gather_rows_bf16(const uint16_t* local, uint16_t* full, int64_t rows,
+                                  int64_t cols) {
+    wait(group_.all_gather(local, full, rows * cols, DType::bf16, {"tp_gather", calls_}),
+         2.0 * double(rows * cols * size()));
+}
+
+void TpComm::reduce_scatter_rows(const float* full, float* local, int64_t rows, int64_t cols) {
+    wait(group_.reduce_scatter(full, local, rows * cols, DType::f32, ReduceOp::sum,
+                               {"tp_scatter", calls_}),
+         4.0 * double(rows * cols * size()));
+}
+
+}  // namespace apiary::parallel

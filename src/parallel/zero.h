@@ -1,0 +1,221 @@
+#pragma once
+// Data parallelism over one model shard's flat buffers, in small parts that
+// the engine (parallel/engine.h) composes by ZeRO stage:
+//
+//   stage 0  AllReduceSync: gradients all-reduced in buckets (comm.bucket_mb)
+//            started as soon as backward has finished them, overlapping the
+//            rest of backward; nothing is communicated on earlier micro-steps.
+//   stage 1  DpShards + ReduceScatterSync: rank r owns the r-th equal piece
+//            of every unit (model::Unit); AdamW's m and v hold its pieces
+//            packed back to back. On the last micro-step each unit's
+//            gradients are reduce-scattered in place as backward completes
+//            the unit; after the update an all-gather per unit puts the whole
+//            model back on every rank.
+//   stage 2  DpShards + ShardedStore: no full gradient buffer; the model
+//            writes each unit's gradients into a buffer lent for that unit,
+//            reduce-scattered into a packed gradient shard when backward is
+//            done with it, on every micro-step.
+//   stage 3  As 2, and no full parameter buffer either: packed master
+//            parameters; each unit is all-gathered just before the model uses
+//            it, the next unit prefetched, and released after (two block
+//            buffers; the embedding and final units stay for the step). A
+//            bf16 model gets each lent unit rounded to bf16 once per gather.
+//
+// Model-state bytes per rank (fp32, P = padded parameters of the shard, N
+// ranks, W = the floats of one set of lent buffers: embedding, final, two
+// blocks):
+//   stage 0: 16 P              (params 4P, grads 4P, m+v 8P)
+//   stage 1:  8 P +  8 P / N   (m+v 8P/N)
+//   stage 2:  4 P + 12 P / N + 4 W   (grad shard 4P/N, lent grads)
+//   stage 3:       16 P / N + 8 W   (master 4P/N, lent params and grads)
+//   (bf16 models add their 2P weight copy at stages 0-2, 2W at stage 3.)
+// model_state_formula() computes them; the tests hold the allocator's
+// accounting to it.
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/bucketed.h"
+#include "comm/process_group.h"
+#include "core/tensor.h"
+#include "model/model.h"
+#include "optim/adamw.h"
+
+namespace apiary::parallel {
+
+// Units are padded to multiples of this, so each splits into aligned pieces.
+inline int64_t shard_multiple(int dp_size) { return 16 * int64_t(dp_size); }
+model::Storage storage_for(int zero_stage);
+void check_zero_stage(int zero_stage);  // throws ConfigError outside 0-3
+// params + grads + optimizer bytes per rank that `zero_stage` needs.
+int64_t model_state_formula(const model::Transformer& model, int zero_stage, int dp_size);
+
+// This rank's piece of every unit (stages 1-3).
+class DpShards {
+  public:
+    struct Piece {
+        int64_t begin = 0;   // flat offset of this rank's piece of the unit
+        int64_t count = 0;   // unit size / N
+        int64_t packed = 0;  // its offset in the packed shard
+    };
+    DpShards(comm::ProcessGroup& dp, const model::Transformer& model);
+    const std::vector<Piece>& pieces() const { return pieces_; }
+    int64_t packed_size() const { return packed_size_; }
+    // This rank's pieces of a whole flat buffer into a packed shard.
+    void pack(const float* full, float* packed) const;
+    // Every rank's pieces into `full` on every rank (collective).
+    void gather_full(const float* packed, float* full);
+    // Every rank's updated pieces of `flat` into everyone's (in place).
+    void all_gather_in_place(float* flat);
+
+  private:
+    comm::ProcessGroup& dp_;
+    std::vector<model::Unit> units_;
+    std::vector<Piece> pieces_;
+    int64_t packed_size_ = 0;
+};
+
+// Gradient reduction over the data-parallel ranks (stages 0-1; stages 2-3
+// reduce from the ShardedStore). The engine forwards the model's
+// grad-ready reports of the last micro-step to on_ready().
+class GradSync {
+  public:
+    virtual ~GradSync() = default;
+    // Called on the last micro-step as backward completes the gradients of
+    // every parameter at flat offset >= final_from; starts their reduction.
+    virtual void on_ready(int64_t final_from) = 0;
+    // Starts what is left, waits for everything: the gradients are then the
+    // mean over the data-parallel ranks (stage 1: this rank's pieces).
+    virtual void finish() = 0;
+    // Seconds finish() and on_ready() waited: communication not hidden.
+    virtual double exposed_seconds() const = 0;
+    virtual void reset() = 0;
+    virtual int num_buckets() const = 0;
+    // Reductions of the last step, and how many of them started before
+    // finish(): inside backward, overlapping it.
+    int reductions() const { return started_; }
+    int reductions_in_backward() const { return started_in_backward_; }
+
+  protected:
+    int started_ = 0, started_in_backward_ = 0;
+};
+
+// Stage 0: bucketed all-reduce, optionally bf16 on the wire.
+class AllReduceSync : public GradSync {
+  public:
+    AllReduceSync(comm::ProcessGroup& dp, model::Transformer& model, double bucket_mb,
+                  bool bf16_wire);
+    ~AllReduceSync() override;
+    void on_ready(int64_t final_from) override;
+    void finish() override;
+    double exposed_seconds() const override;
+    void reset() override;
+    int num_buckets() const override { return buckets_->num_buckets(); }
+
+  private:
+    void start(int i);
+    comm::ProcessGroup& dp_;
+    model::Transformer& model_;
+    bool bf16_wire_;
+    std::unique_ptr<comm::BucketedAllReduce> buckets_;
+    core::Tensor staging_;  // bf16 wire: the gradients in bf16
+    std::vector<comm::WorkHandle> bf16_works_;
+    int next_ = -1;  // highest bucket not yet started
+    double exposed_s_ = 0;
+};
+
+// Stage 1: each unit's gradients reduce-scattered in place.
+class ReduceScatterSync : public GradSync {
+  public:
+    ReduceScatterSync(comm::ProcessGroup& dp, model::Transformer& model, const DpShards& shards,
+                      bool bf16_wire);
+    ~ReduceScatterSync() override;
+    void on_ready(int64_t final_from) override;
+    void finish() override;
+    double exposed_seconds() const override { return exposed_s_; }
+    void reset() override;
+    int num_buckets() const override { return int(works_.size()); }
+
+  private:
+    comm::ProcessGroup& dp_;
+    model::Transformer& model_;
+    const DpShards& shards_;
+    bool bf16_wire_;
+    std::vector<model::Unit> units_;
+    std::vector<comm::WorkHandle> works_;  // per unit
+    core::Tensor staging_, recv16_;        // bf16 wire
+    int next_ = -1;                        // highest unit not yet started
+    double exposed_s_ = 0;
+};
+
+// Stages 2-3: lends the model each unit's gradient (and, at stage 3,
+// parameter) buffers and reduce-scatters released gradients into a packed
+// shard; also the gradient sync of those stages.
+class ShardedStore : public model::UnitStore, public GradSync {
+  public:
+    // before_reduce(u, grads), if set, runs on a unit's lent gradients just
+    // before their reduction (the engine sums sequence-parallel gradients
+    // over the tensor-parallel ranks there).
+    ShardedStore(comm::ProcessGroup& dp, model::Transformer& model, DpShards& shards,
+                 int zero_stage, bool bf16_wire);
+    ~ShardedStore() override;
+    void set_before_reduce(std::function<void(int, float*)> f) { before_reduce_ = std::move(f); }
+
+    float* master_params() { return master_.f32(); }  // stage 3
+    float* grad_shard() { return grad_shard_.f32(); }
+    // Sets the master parameters from a whole flat buffer (stage 3).
+    void load_parameters(const float* full);
+    // After the optimizer step (stage 3): gathered units are stale.
+    void invalidate_params();
+    void zero_grads() { grad_shard_.zero(); }
+
+    // model::UnitStore
+    const float* acquire_params(int u, int next) override;
+    const uint16_t* params_bf16(int u) override;
+    void release_params(int u) override;
+    float* acquire_grads(int u) override;
+    void release_grads(int u) override;
+    // GradSync: reductions start from release_grads on every micro-step.
+    void on_ready(int64_t) override {}
+    void finish() override;
+    double exposed_seconds() const override { return exposed_s_; }
+    void reset() override {
+        exposed_s_ = 0;
+        started_ = started_in_backward_ = 0;
+    }
+    int num_buckets() const override { return int(shards_.pieces().size()); }
+
+  private:
+    // A lent unit buffer.
+    struct Slot {
+        core::Tensor buf;   // f32, unit-sized
+        core::Tensor half;  // params of a bf16 model: buf rounded to bf16
+        bool half_valid = false;
+        core::Tensor wire;  // bf16 copy for the wire (grads, bf16_wire)
+        core::Tensor recv;  // the piece that comes back (grads)
+        int unit = -1;      // what buf holds (or is being gathered)
+        bool lent = false;
+        comm::WorkHandle work;  // params: the gather; grads: the reduce
+    };
+    Slot& param_slot_for(int u);
+    Slot* grad_slot_for(int u);
+    void start_gather(Slot& s, int u);
+    void complete_grads(Slot& s);
+    double wait_timed(const comm::WorkHandle& w);
+
+    comm::ProcessGroup& dp_;
+    model::Transformer& model_;
+    DpShards& shards_;
+    int zero_stage_;
+    bool bf16_wire_;
+    std::vector<model::Unit> units_;
+    core::Tensor master_;                // stage 3: this rank's pieces of the parameters
+    core::Tensor grad_shard_;            // its pieces of the mean gradients
+    std::vector<Slot> pslots_, gslots_;  // embedding, final, two blocks
+    int next_gblock_ = 0, next_pblock_ = 0;
+    std::function<void(int, float*)> before_reduce_;
+    double exposed_s_ = 0;
+};
+
+}  // namespace apiary::parallel

@@ -27,6 +27,8 @@ packages=(
     libicu-dev libsentencepiece-dev sentencepiece nodejs
     # data/ remote-shard tests serve files from nginx on loopback
     nginx-light
+    # sim/ pictures: `apiary sim --svg x.png` and the tests render SVG with it
+    librsvg2-bin
     # data/ s3:// tests run an S3 store on loopback: Ceph's radosgw with one
     # monitor and one in-memory OSD; curl's CLI uploads with its own SigV4
     ceph-mon ceph-osd radosgw curl

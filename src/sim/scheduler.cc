@@ -1,0 +1,250 @@
+// Scheduling decisions of the cluster simulator: the queues (submit order,
+// priority classes, fair share between accounts), the scheduling pass with
+// EASY backfill, preemption of lower classes, and carbon-aware holds.
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "sim/engine.h"
+
+namespace apiary::sim {
+
+namespace {
+const std::string kNoAccount;
+}
+
+void Engine::enqueue(int j) {
+    Run& r = run_[j];
+    r.state = RunState::queued;
+    ++r.token;
+    ++queued_;
+    const JobSpec& s = jobs_[j].spec;
+    const int cls = policy_.order == Order::submit ? 0 : s.priority;
+    const std::string& acct = policy_.order == Order::fairshare ? s.account : kNoAccount;
+    auto& q = queues_[r.pool][cls][acct];
+    // Submit order, the trace's order breaking ties (Slurm's priority/basic
+    // orders by submission too, and a requeued job keeps its place).
+    auto before = [&](const QueueEntry& e, int k) {
+        const double a = jobs_[e.job].spec.submit, b = jobs_[k].spec.submit;
+        return a < b || (a == b && e.job < k);
+    };
+    if (q.empty() || before(q.back(), j)) {
+        q.push_back(QueueEntry{j, r.token});
+    } else {
+        auto it = std::lower_bound(q.begin(), q.end(), j, before);
+        q.insert(it, QueueEntry{j, r.token});
+    }
+}
+
+void Engine::settle(const std::string& account, double delta_devices) {
+    Account& a = accounts_[account];
+    const double dt = now_ - a.t;
+    if (cfg_.fairshare_half_life_s > 0) {
+        // Usage decays with the half-life while running devices add to it:
+        // the closed form of dU/dt = rate - lambda U over dt.
+        const double lambda = std::log(2.0) / cfg_.fairshare_half_life_s;
+        const double decay = std::exp(-lambda * dt);
+        a.usage = a.usage * decay + a.rate * (1 - decay) / lambda;
+    } else {
+        a.usage += a.rate * dt;
+    }
+    a.t = now_;
+    a.rate += delta_devices;
+}
+
+double Engine::usage_per_share(const std::string& account) {
+    settle(account, 0);
+    auto it = cfg_.shares.find(account);
+    const double share = it == cfg_.shares.end() ? 1.0 : it->second;
+    return accounts_[account].usage / share;
+}
+
+void Engine::schedule() {
+    for (int j : requeue_) enqueue(j);
+    requeue_.clear();
+    if (queued_ == 0) return;
+    // A preemption may leave room for more than the job it was for: pass again.
+    for (int i = 0; i < 4 && pass(); ++i) {
+        for (int j : requeue_) enqueue(j);
+        requeue_.clear();
+    }
+    for (int j : requeue_) enqueue(j);
+    requeue_.clear();
+    compact_queues();
+}
+
+double Engine::hold_until(int j) const {
+    const SimJob& job = jobs_[j];
+    const double d = planned_run(j);
+    const double latest = job.spec.deadline - d;
+    const Profile& c = cfg_.carbon;
+    if (latest <= now_ || c.values().size() <= 1) return now_;
+    // CO2 of a start at t is power x the integral of intensity over [t, t + d]:
+    // piecewise linear in t, so its minimum is at a window end or where t or
+    // t + d crosses a step. The profile repeats, so one period is enough.
+    const double last = std::min(latest, now_ + c.period_s());
+    std::vector<double> cand = {now_, last};
+    for (double b = c.next_change(now_); b <= last + d; b = c.next_change(b)) {
+        if (b <= last) cand.push_back(b);
+        if (b - d > now_ && b - d <= last) cand.push_back(b - d);
+    }
+    std::sort(cand.begin(), cand.end());
+    double best = now_, best_g = c.integral(now_, now_ + d);
+    for (double t : cand) {
+        const double g = c.integral(t, t + d);
+        if (g < best_g * (1 - 1e-9)) best = t, best_g = g;
+    }
+    return best;
+}
+
+double Engine::planned_run(int j) const {
+    const SimJob& job = jobs_[j];
+    const double restart = res_.jobs[j].restarts > 0 ? cfg_.restart_s : 0;
+    const double dur = run_duration(restart, job.cost.work_s - run_[j].saved,
+                                    job.cost.ckpt_interval_s, job.cost.ckpt_s);
+    // What the scheduler is told: the time limit when the user gave one.
+    return job.spec.time_limit > 0 ? job.spec.time_limit : dur;
+}
+
+void Engine::reserve(int j, double* shadow, long long* extra) {
+    // The earliest time enough devices are back, by the running jobs' estimates.
+    const int pool = run_[j].pool;
+    const long long need = jobs_[j].spec.devices;
+    long long avail = pools_[pool].free();
+    for (const auto& [t, k] : running_[pool]) {
+        avail += (long long)run_[k].slots.size();
+        if (avail >= need) {
+            *shadow = t;
+            *extra = avail - need;
+            return;
+        }
+    }
+    *shadow = kNever;  // not even when everything ends (nodes down): anything may go first
+    *extra = 0;
+}
+
+bool Engine::preempt_for(int j) {
+    const int pool = run_[j].pool;
+    const int cls = jobs_[j].spec.priority;
+    const long long need = jobs_[j].spec.devices - pools_[pool].free();
+    std::vector<int> victims;
+    for (const auto& [t, k] : running_[pool]) {
+        if (run_[k].state == RunState::running && jobs_[k].spec.priority < cls) {
+            victims.push_back(k);
+        }
+    }
+    // Lowest class first; within it the latest started, which has least to lose.
+    std::sort(victims.begin(), victims.end(), [&](int a, int b) {
+        const int pa = jobs_[a].spec.priority, pb = jobs_[b].spec.priority;
+        if (pa != pb) return pa < pb;
+        return run_[a].seg_start > run_[b].seg_start;
+    });
+    long long got = 0;
+    size_t n = 0;
+    for (; n < victims.size() && got < need; ++n) got += jobs_[victims[n]].spec.devices;
+    if (got < need) return false;
+    for (size_t i = 0; i < n; ++i) interrupt(victims[i], false);
+    return true;
+}
+
+void Engine::try_start(int j) {
+    std::vector<int32_t> slots;
+    const bool ok = pools_[run_[j].pool].allocate(jobs_[j].spec.devices, slots);
+    APIARY_CHECK(ok, "job {} needs {} devices, {} free", jobs_[j].spec.id, jobs_[j].spec.devices,
+                 pools_[run_[j].pool].free());
+    --queued_;
+    ++tombstones_;  // its queue entry is stale now
+    start(j, std::move(slots));
+}
+
+template <class Visit>
+void Engine::for_each_queued(int pool, Visit visit) {
+    std::vector<std::pair<double, const std::string*>> order;
+    for (auto& [cls, accounts] : queues_[pool]) {
+        order.clear();
+        for (auto& [name, q] : accounts) {
+            while (!q.empty() && (run_[q.front().job].state != RunState::queued ||
+                                  run_[q.front().job].token != q.front().token)) {
+                q.pop_front();
+                --tombstones_;
+            }
+            if (q.empty()) continue;
+            const double key = policy_.order == Order::fairshare ? usage_per_share(name) : 0;
+            order.emplace_back(key, &name);
+        }
+        std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+            return a.first < b.first || (a.first == b.first && *a.second < *b.second);
+        });
+        for (const auto& [_, name] : order) {
+            // Starting a job only makes its entry stale; nothing is inserted
+            // or erased while a pass runs (requeues wait in requeue_).
+            for (const QueueEntry& e : accounts[*name]) {
+                const Run& r = run_[e.job];
+                if (r.state != RunState::queued || r.token != e.token) continue;
+                if (!visit(e.job)) return;
+            }
+        }
+    }
+}
+
+bool Engine::pass() {
+    bool preempted = false;
+    for (int pool = 0; pool < 2; ++pool) {
+        bool blocked = false;
+        double shadow = kNever;
+        long long extra = 0;
+        int seen = 0;
+        for_each_queued(pool, [&](int j) {
+            if (++seen > cfg_.queue_depth) return false;
+            const long long need = jobs_[j].spec.devices;
+            const long long free = pools_[pool].free();
+            if (blocked) {
+                // EASY: it may go now if it is back before the reservation,
+                // or fits in what the reserved job leaves spare.
+                if (free >= need) {
+                    if (now_ + planned_run(j) + cfg_.latency_s <= shadow) {
+                        try_start(j);
+                    } else if (need <= extra) {
+                        try_start(j);
+                        extra -= need;
+                    }
+                }
+                return free > 0;
+            }
+            if (free >= need) {
+                try_start(j);
+                return true;
+            }
+            if (policy_.preempt && preempt_for(j)) {
+                try_start(j);
+                preempted = true;
+                return true;
+            }
+            blocked = true;  // the first job that cannot start: it blocks, or reserves
+            if (!policy_.backfill) return false;
+            reserve(j, &shadow, &extra);
+            if (res_.jobs[j].reservation < 0) res_.jobs[j].reservation = shadow;
+            return free > 0;
+        });
+    }
+    return preempted;
+}
+
+void Engine::compact_queues() {
+    if (tombstones_ < 4096 || tombstones_ < queued_) return;
+    for (auto& pool : queues_) {
+        for (auto& [cls, accounts] : pool) {
+            for (auto& [name, q] : accounts) {
+                std::erase_if(q, [&](const QueueEntry& e) {
+                    return run_[e.job].state != RunState::queued || run_[e.job].token != e.token;
+                });
+            }
+        }
+    }
+    tombstones_ = 0;
+}
+
+}  // namespace apiary::sim

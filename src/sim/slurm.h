@@ -1,0 +1,32 @@
+#pragma once
+// What the simulator reads of a Slurm installation: its time formats and
+// the scheduling part of slurm.conf (scheduler type, nodes and their CPUs /
+// GPUs), so a replay runs under the policy and cluster Slurm had.
+
+#include <string>
+#include <vector>
+
+namespace apiary::sim {
+
+// "2026-12-03T04:49:46" -> Unix seconds, read as UTC (only differences matter).
+// Throws DataError naming `where` when malformed.
+double parse_slurm_time(const std::string& text, const std::string& where);
+// Slurm durations: "MM", "MM:SS", "HH:MM:SS", "D-HH", "D-HH:MM", "D-HH:MM:SS"
+// (a bare number is minutes, as in `sbatch -t`); UNLIMITED, Partition_Limit
+// -> kNever.
+double parse_slurm_duration(const std::string& text, const std::string& where);
+// Host names in a Slurm hostlist: "vm" -> 1, "node[01-16]" -> 16, "a[1-3,5],b" -> 5.
+long long hostlist_count(const std::string& hostlist, const std::string& where);
+
+struct SlurmConf {
+    std::string scheduler = "sched/backfill";  // SchedulerType (Slurm's default)
+    long long nodes = 0;
+    long long cpus_per_node = 0;    // of the first NodeName line
+    long long gpus_per_node = 0;    // Gres=gpu:N
+    long long bf_max_job_test = 0;  // 0: not set
+    std::vector<std::string> notes;
+};
+SlurmConf read_slurm_conf(const std::string& path);
+SlurmConf parse_slurm_conf(const std::string& text, const std::string& source);
+
+}  // namespace apiary::sim

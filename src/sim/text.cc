@@ -1,0 +1,163 @@
+#include "sim/text.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace apiary::sim {
+
+std::string cell_message(const Cell& c, const std::string& problem) {
+    return fmt::format("{}: field '{}': '{}' {}", c.where, c.field, c.text, problem);
+}
+
+bool parse_double(const std::string& s, double* out) {
+    const std::string t = trim(s);
+    if (t.empty()) return false;
+    const char* b = t.data();
+    if (*b == '+') ++b;
+    double v = 0;
+    auto [p, ec] = std::from_chars(b, t.data() + t.size(), v);
+    if (ec != std::errc() || p != t.data() + t.size() || !std::isfinite(v)) return false;
+    *out = v;
+    return true;
+}
+
+double cell_number(const Cell& c, double lo, double hi, const char* what) {
+    double v = 0;
+    if (!parse_double(c.text, &v)) {
+        throw DataError(cell_message(c, fmt::format("is not a number ({})", what)));
+    }
+    if (v < lo) {
+        throw DataError(
+            cell_message(c, fmt::format("is {} ({})", v < 0 ? "negative" : "too small", what)));
+    }
+    if (v > hi) throw DataError(cell_message(c, fmt::format("is too large ({})", what)));
+    return v;
+}
+
+double cell_integer(const Cell& c, double lo, double hi, const char* what) {
+    const double v = cell_number(c, lo, hi, what);
+    if (v != std::floor(v)) {
+        throw DataError(cell_message(c, fmt::format("is not a whole number ({})", what)));
+    }
+    return v;
+}
+
+bool cell_bool(const Cell& c) {
+    std::string t = c.text;
+    std::transform(t.begin(), t.end(), t.begin(),
+                   [](unsigned char ch) { return std::tolower(ch); });
+    if (t == "1" || t == "true" || t == "yes") return true;
+    if (t == "0" || t == "false" || t == "no") return false;
+    throw DataError(cell_message(c, "is not a boolean (0/1, true/false, yes/no)"));
+}
+
+std::string trim(const std::string& s) {
+    const size_t b = s.find_first_not_of(" \t\r\n");
+    if (b == std::string::npos) return "";
+    const size_t e = s.find_last_not_of(" \t\r\n");
+    return s.substr(b, e - b + 1);
+}
+
+std::vector<std::string> split_lines(const std::string& text) {
+    std::vector<std::string> lines;
+    size_t start = 0;
+    while (start < text.size()) {
+        size_t end = text.find('\n', start);
+        if (end == std::string::npos) end = text.size();
+        std::string line = text.substr(start, end - start);
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        lines.push_back(std::move(line));
+        start = end + 1;
+    }
+    return lines;
+}
+
+bool is_blank_or_comment(const std::string& line) {
+    const std::string t = trim(line);
+    return t.empty() || t[0] == '#';
+}
+
+std::vector<std::string> split_csv(const std::string& line, const std::string& where) {
+    std::vector<std::string> cells(1);
+    bool quoted = false;
+    for (size_t i = 0; i < line.size(); ++i) {
+        const char ch = line[i];
+        if (quoted) {
+            if (ch == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+                cells.back() += '"';
+                ++i;
+            } else if (ch == '"') {
+                quoted = false;
+            } else {
+                cells.back() += ch;
+            }
+        } else if (ch == '"') {
+            quoted = true;
+        } else if (ch == ',') {
+            cells.emplace_back();
+        } else {
+            cells.back() += ch;
+        }
+    }
+    if (quoted) throw DataError(fmt::format("{}: unterminated quote", where));
+    return cells;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+    std::vector<std::string> out;
+    std::string cur;
+    for (char ch : s) {
+        if (ch == sep) {
+            out.push_back(cur);
+            cur.clear();
+        } else {
+            cur += ch;
+        }
+    }
+    out.push_back(cur);
+    return out;
+}
+
+namespace {
+size_t edit_distance(const std::string& a, const std::string& b) {
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= b.size(); ++j) {
+            const size_t up = row[j];
+            row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
+            diag = up;
+        }
+    }
+    return row[b.size()];
+}
+}  // namespace
+
+std::string closest(const std::string& name, const std::vector<std::string>& names) {
+    std::string best;
+    size_t best_d = std::max<size_t>(2, name.size() / 3) + 1;
+    for (const auto& n : names) {
+        const size_t d = edit_distance(name, n);
+        if (d < best_d) best_d = d, best = n;
+    }
+    return best;
+}
+
+std::string read_text_file(const std::string& path, const char* what) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw IoError(fmt::format("{}: cannot read '{}'", what, path));
+    std::ostringstream s;
+    s << in.rdbuf();
+    return s.str();
+}
+
+}  // namespace apiary::sim

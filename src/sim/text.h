@@ -1,0 +1,39 @@
+#pragma once
+// Text helpers shared by the trace, profile and Slurm readers: cells that
+// know where they came from, so every parse error names file, line and field.
+
+#include <string>
+#include <vector>
+
+namespace apiary::sim {
+
+struct Cell {
+    std::string text;
+    std::string where;  // "file:line"
+    std::string field;
+};
+
+// "<where>: field '<field>': '<text>' <problem>"
+std::string cell_message(const Cell& c, const std::string& problem);
+// A finite number in [lo, hi]; `what` says what would work.
+double cell_number(const Cell& c, double lo, double hi, const char* what);
+double cell_integer(const Cell& c, double lo, double hi, const char* what);
+bool cell_bool(const Cell& c);  // 0/1, true/false, yes/no
+
+// Parses a whole string as a finite double; false when it is not one.
+bool parse_double(const std::string& s, double* out);
+
+std::string trim(const std::string& s);
+std::vector<std::string> split_lines(const std::string& text);
+bool is_blank_or_comment(const std::string& line);
+// Comma-separated cells; a cell may be "quoted" (with "" for a quote).
+std::vector<std::string> split_csv(const std::string& line, const std::string& where);
+std::vector<std::string> split(const std::string& s, char sep);
+
+// The name in `names` closest to `name` by edit distance, "" when none is close.
+std::string closest(const std::string& name, const std::vector<std::string>& names);
+
+// Whole file as text; IoError naming `what` and the path when unreadable.
+std::string read_text_file(const std::string& path, const char* what);
+
+}  // namespace apiary::sim

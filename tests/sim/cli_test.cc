@@ -1,0 +1,239 @@
+// Runs the built `apiary sim` binary as a user would: a synthetic trace
+// through every policy, JSON and per-job output, pictures (rendered by
+// rsvg-convert, which fails on malformed SVG), a recorded Slurm log
+// replayed, the collective simulation, and the errors users see.
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "../cli_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using apiary::testing::run_command;
+
+struct TempDir {
+    fs::path path;
+    TempDir() {
+        path = fs::temp_directory_path() /
+               ("apiary-sim-cli-" + std::to_string(::getpid()) + "-" +
+                ::testing::UnitTest::GetInstance()->current_test_info()->name());
+        fs::create_directories(path);
+    }
+    ~TempDir() { fs::remove_all(path); }
+    std::string operator/(const std::string& f) const { return (path / f).string(); }
+};
+
+std::string sim(const std::string& args) { return apiary::testing::apiary_bin() + " sim " + args; }
+
+std::string slurp(const std::string& f) {
+    std::ifstream in(f);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+}
+
+std::string data(const std::string& name) {
+    return std::string(APIARY_SOURCE_DIR) + "/tests/sim/data/" + name;
+}
+
+TEST(SimCli, SyntheticTraceThroughThePolicies) {
+    TempDir d;
+    auto r =
+        run_command(sim("trace --jobs 300 --gpus 64xH100-SXM --load 1.2 --spot-frac 0.2 "
+                        "--flexible-frac 0.3 --seed 4 --out " +
+                        d / "t.csv"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::ofstream(d / "spot.csv") << "hour,spot_nodes,spot_price\n0,4,2\n1,2,2.5\n2,0,3\n";
+    r = run_command(sim("cluster --trace " + d / "t.csv" + " --gpus 64xH100-SXM --spot-profile " +
+                        d / "spot.csv" +
+                        " --policies fifo,backfill,twolevel+preempt,backfill+carbon --failures "
+                        "--set cluster.mtbf_node_hours=500 --json --jobs-out " +
+                        d / "jobs.csv"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto j = nlohmann::json::parse(r.output);
+    EXPECT_EQ(j["cluster"]["devices"], 64);
+    EXPECT_EQ(j["cluster"]["spot_nodes_max"], 4);
+    ASSERT_EQ(j["policies"].size(), 4u);
+    for (const auto& p : j["policies"]) {
+        for (const char* k : {"mean_wait_s", "p95_wait_s", "utilisation", "cost_usd", "co2_kg",
+                              "energy_kwh", "lost_device_hours", "restarts", "events_per_s"}) {
+            EXPECT_TRUE(p.contains(k)) << k;
+        }
+        EXPECT_EQ(p["completed"].get<long long>() + p["timeouts"].get<long long>() +
+                      p["rejected"].get<long long>(),
+                  300);
+        EXPECT_GT(p["node_failures"].get<int>(), 0);
+    }
+    EXPECT_LT(j["policies"][1]["mean_wait_s"].get<double>(),
+              j["policies"][0]["mean_wait_s"].get<double>());
+    const std::string csv = slurp(d / "jobs.csv");
+    EXPECT_EQ(csv.substr(0, csv.find('\n')),
+              "id,policy,state,submit,eligible,start,end,wait_s,run_s,completion_s,restarts,"
+              "preemptions,failures,device_hours,lost_device_hours,cost_usd,energy_kwh,co2_kg,"
+              "recorded_start,recorded_end,reason");
+    EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 4 * 300);
+}
+
+TEST(SimCli, PicturesRender) {
+    TempDir d;
+    std::ofstream(d / "t.csv") << "id,submit,devices,runtime,priority\n"
+                                  "a,0,8,3600,0\nb,60,16,1800,1\nc,120,4,600,0\nd,130,2,7200,0\n";
+    auto r = run_command(sim("cluster --trace " + d / "t.csv" + " --gpus 16xA100-80GB --svg " +
+                             d / "c.svg --series-out " + d / "s.csv"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    // fifo: a starts at 0 (8 busy), b waits for 16, c and d queue behind it.
+    const std::string series = slurp(d / "s.csv");
+    EXPECT_EQ(series.substr(0, series.find('\n')),
+              "policy,t,busy_devices,available_devices,queued_jobs");
+    EXPECT_NE(series.find("\nfifo,0,8,16,0\n"), std::string::npos) << series;
+    EXPECT_NE(series.find("\nfifo,60,8,16,1\n"), std::string::npos) << series;
+    const std::string svg = slurp(d / "c.svg");
+    EXPECT_EQ(svg.rfind("<?xml", 0), 0u);
+    EXPECT_NE(svg.find("policies side by side"), std::string::npos);
+    EXPECT_NE(svg.find("<rect"), std::string::npos);
+    r = run_command(
+        sim("cluster --trace " + d / "t.csv" + " --gpus 16xA100-80GB --svg " + d / "c.png"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(slurp(d / "c.png").substr(1, 3), "PNG");
+    r =
+        run_command(sim("comm --gpus 64xH100-SXM --job 32:all-reduce:256MiB --job "
+                        "16:all-to-all:64MiB --svg " +
+                        d / "m.png"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(slurp(d / "m.png").substr(1, 3), "PNG");
+    r = run_command(
+        sim("cluster --trace " + d / "t.csv" + " --gpus 16xA100-80GB --svg " + d / "c.gif"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find("must end in .svg or .png"), std::string::npos) << r.output;
+}
+
+// Slurm's own log of a real run under sched/backfill, replayed under the
+// policy and cluster of its slurm.conf (the live Slurm test is
+// sim_slurm_replay, label slow).
+TEST(SimCli, ReplaysARecordedSlurmLog) {
+    auto r = run_command(sim("cluster --trace " + data("backfill_jobcomp.txt") + " --slurm-conf " +
+                             data("backfill.conf") + " --json"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto j = nlohmann::json::parse(r.output);
+    EXPECT_EQ(j["cluster"]["devices"], 4);
+    ASSERT_TRUE(j["replay"].contains("backfill"));
+    const auto& b = j["replay"]["backfill"];
+    EXPECT_EQ(b["compared"], 8);
+    EXPECT_TRUE(b["same_start_order"].get<bool>());
+    EXPECT_TRUE(b["same_end_order"].get<bool>());
+    EXPECT_LE(b["max_start_err_s"].get<double>(), 1.0);
+    // The same record under FIFO: job 2 blocks jobs 3, 5 and 7.
+    r = run_command(sim("cluster --trace " + data("backfill_jobcomp.txt") + " --slurm-conf " +
+                        data("backfill.conf") + " --policies fifo --json"));
+    j = nlohmann::json::parse(r.output);
+    EXPECT_FALSE(j["replay"]["fifo"]["same_start_order"].get<bool>());
+}
+
+// Jobs given as a model and a layout: the planner times them, and one
+// that does not fit in memory is rejected with its reason.
+TEST(SimCli, ModelJobsAreTimedByThePlanner) {
+    TempDir d;
+    std::ofstream(d / "m.csv") << "id,submit,devices,model,tp,pp,global_batch,seq_len,steps\n"
+                                  "small,0,64,gpt2-350m,1,1,256,1024,2000\n"
+                                  "huge,0,8,gpt3-175b,8,1,8,2048,10\n";
+    auto r =
+        run_command(sim("cluster --trace " + d / "m.csv" +
+                        " --gpus 64xH100-SXM --policies fifo --json --jobs-out " + d / "j.json"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto j = nlohmann::json::parse(r.output);
+    ASSERT_EQ(j["rejected"].size(), 1u);
+    EXPECT_EQ(j["rejected"][0]["id"], "huge");
+    EXPECT_NE(j["rejected"][0]["reason"].get<std::string>().find("does not fit in device memory"),
+              std::string::npos);
+    const auto jobs = nlohmann::json::parse(slurp(d / "j.json"));
+    const auto& small = jobs["fifo"][0];
+    // 2000 steps at the planner's step time, from `apiary plan` itself.
+    r = run_command(apiary::testing::apiary_bin() +
+                    " plan --model gpt2-350m --gpus 64xH100-SXM --global-batch 256 --set "
+                    "train.seq_len=1024 --set train.batch_size=1 --json");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const double step = nlohmann::json::parse(r.output)["step_time_s"].get<double>();
+    EXPECT_NEAR(small["end"].get<double>() - small["start"].get<double>(), 2000 * step,
+                1e-6 * 2000 * step);
+}
+
+TEST(SimCli, CommReportsEveryPlacement) {
+    const auto r =
+        run_command(sim("comm --gpus 256xH100-SXM --set cluster.topology=fat-tree-2to1 "
+                        "--job 64:all-reduce:1GiB:ring --job 64:all-to-all:16MiB "
+                        "--json"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto j = nlohmann::json::parse(r.output);
+    EXPECT_EQ(j["cluster"]["topology"], "fat-tree-2to1");
+    ASSERT_EQ(j["results"].size(), 8u);  // 4 placements x 2 jobs
+    // Packed on an idle part of the fabric, the ring is the planner's.
+    EXPECT_EQ(j["results"][0]["placement"], "packed");
+    EXPECT_NEAR(
+        j["results"][0]["alone_s"].get<double>() / j["results"][0]["alpha_beta_s"].get<double>(),
+        1.0, 1e-9);
+}
+
+TEST(SimCli, ErrorsNameWhatAndWhere) {
+    TempDir d;
+    std::ofstream(d / "bad.csv") << "id,submit,devices,runtime,colour\na,0,1,10,red\n";
+    auto r = run_command(sim("cluster --trace " + d / "bad.csv" + " --gpus 8xH100-SXM"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find("bad.csv:1: unknown field 'colour'"), std::string::npos) << r.output;
+    std::ofstream(d / "ok.csv") << "id,submit,devices,runtime\nbig,0,16,10\nsmall,0,1,10\n";
+    r = run_command(sim("cluster --trace " + d / "ok.csv"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find("how big is the cluster?"), std::string::npos) << r.output;
+    r = run_command(sim("cluster --trace " + d / "ok.csv" + " --gpus 8xH100-SXM"));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("rejected: job 'big' (" + d / "ok.csv" +
+                            ":2): needs 16 devices but the cluster has 8 (1 nodes x 8)"),
+              std::string::npos)
+        << r.output;
+    r = run_command(sim("cluster --trace " + d / "ok.csv" + " --gpus 12xH100-SXM"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find("not a whole number of nodes of 8 devices"), std::string::npos);
+    r = run_command(sim("cluster --trace " + d / "ok.csv" + " --gpus 8xH100-SXM --policies lifo"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find("unknown policy 'lifo'"), std::string::npos);
+    r = run_command(sim("cluster --trace " + d / "missing.csv" + " --gpus 8xH100-SXM"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find("trace: cannot read"), std::string::npos);
+    r = run_command(sim("comm --gpus 64xH100-SXM --job 128:all-reduce:1GiB"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find("the jobs need 128 devices but the fabric has 64"), std::string::npos)
+        << r.output;
+    r = run_command(sim("comm --gpus 64xH100-SXM --job 8:allreduce:1GiB"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find("--job 8:allreduce:1GiB: unknown collective 'allreduce'"),
+              std::string::npos);
+    r = run_command(sim("comm --gpus 64xH100-SXM --job 8:all-reduce:lots"));
+    EXPECT_NE(r.output.find("'lots' is not a size in bytes"), std::string::npos);
+}
+
+// Every option of every `apiary sim` subcommand is in the user guide.
+TEST(SimCli, UserGuideListsEveryOption) {
+    const std::string guide = slurp(std::string(APIARY_SOURCE_DIR) + "/docs/user-guide.md");
+    for (const char* sub : {"cluster", "comm", "trace"}) {
+        const auto r = run_command(sim(std::string(sub) + " --help"));
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        size_t pos = 0;
+        int options = 0;
+        while ((pos = r.output.find("  --", pos)) != std::string::npos) {
+            const size_t end = r.output.find_first_of(" \n", pos + 2);
+            const std::string opt = r.output.substr(pos + 2, end - pos - 2);
+            pos = end;
+            ++options;
+            if (opt == "--help") continue;
+            EXPECT_NE(guide.find(opt), std::string::npos) << "sim " << sub << " " << opt;
+        }
+        EXPECT_GT(options, 5) << sub;
+    }
+}
+
+}  // namespace

@@ -152,6 +152,15 @@ SafetensorsFile::SafetensorsFile(const std::string& path, bool header_only) : pa
     in.read(reinterpret_cast<char*>(bytes_.data()), std::streamsize(keep));
     if (!in) throw IoError(fmt::format("{}: read failed", path));
     header_only_ = header_only;
+    if (header_only) {
+        const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) throw IoError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
+        ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+        fd_ = std::shared_ptr<const int>(new int(fd), [](const int* p) {
+            ::close(*p);
+            delete p;
+        });
+    }
     if (hlen > size - 8 || hlen > (100u << 20)) {
         throw IoError(
             fmt::format("{}: header length {} at byte 0 exceeds the file ({} bytes): "
@@ -234,8 +243,10 @@ void SafetensorsFile::read_bytes(const std::string& name, uint64_t offset, size_
         std::memcpy(dst, static_cast<const char*>(e.data) + offset, n);
         return;
     }
-    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw IoError(fmt::format("{}: cannot open: {}", path_, std::strerror(errno)));
+    if (!fd_) {
+        throw IoError(fmt::format("{}: not open for reading", path_));
+    }
+    const int fd = *fd_;
     size_t done = 0;
     while (done < n) {
         const ssize_t r = ::pread(fd, static_cast<char*>(dst) + done, n - done,
@@ -243,13 +254,11 @@ void SafetensorsFile::read_bytes(const std::string& name, uint64_t offset, size_
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) {
             const int err = r < 0 ? errno : 0;
-            ::close(fd);
             throw IoError(fmt::format("{}: reading tensor '{}' failed: {}", path_, name,
                                       err ? std::strerror(err) : "unexpected end of file"));
         }
         done += size_t(r);
     }
-    ::close(fd);
 }
 
 FileDigest SafetensorsFile::digest() const {

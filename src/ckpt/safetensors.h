@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,10 @@ class SafetensorsFile {
   private:
     std::string path_;
     bool header_only_ = false;
+    // Header-only files keep one descriptor for every read_bytes: the
+    // kernel's read-ahead state lives in the open file, so reopening per
+    // tensor would restart it small each time and halve the read rate.
+    std::shared_ptr<const int> fd_;
     std::vector<uint8_t> bytes_;
     size_t data_start_ = 0;
     std::map<std::string, TensorEntry> entries_;

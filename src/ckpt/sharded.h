@@ -105,6 +105,7 @@ class CheckpointReader {
     const SafetensorsFile& file(const std::string& name) const;
     // A stored chunk's floats, checked against its xxh64.
     std::vector<float> chunk_data(const StoredChunk& c) const;
+    void read_chunk_into(const StoredChunk& c, float* dst) const;
     void open_v1();
     std::string dir_;
     nlohmann::json meta_, files_;

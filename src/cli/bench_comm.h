@@ -11,5 +11,6 @@ namespace apiary::cli {
 void add_bench_comm_command(CLI::App* bench);
 // `apiary bench ddp` (bench_ddp_cmd.cc).
 void add_bench_ddp_command(CLI::App* bench);
+void add_bench_ckpt_command(CLI::App* bench);
 
 }  // namespace apiary::cli

@@ -211,7 +211,16 @@ struct CheckpointSaver::Pending {
 };
 
 CheckpointSaver::CheckpointSaver(parallel::Engine& engine, std::string run_dir, SaveOptions options)
-    : engine_(engine), run_dir_(std::move(run_dir)), options_(options) {}
+    : engine_(engine), run_dir_(std::move(run_dir)), options_(options) {
+    if (options_.async) {
+        // The snapshot buffer of async saves is taken now: its memory shows
+        // from the first step (no surprise at the first save) and the
+        // first save's stall is a copy like every other one's.
+        int64_t floats = 0;
+        for (const auto& c : rank_chunks(engine_)) floats += c.count;
+        snapshot_ = core::Tensor({floats}, core::DType::f32, core::MemCategory::buffers);
+    }
+}
 
 CheckpointSaver::~CheckpointSaver() {
     // Not committed: the manifest is missing, so the next save removes it.
@@ -380,18 +389,45 @@ void load_checkpoint(parallel::Engine& engine, const CheckpointRef& ck) {
     float* params = zero == 3 ? engine.optimizer_params() : m.params();
     const char* names[3] = {"param", "adam_m", "adam_v"};
     float* dst[3] = {params, engine.optimizer().m(), engine.optimizer().v()};
-    for (int k = 0; k < 3; ++k) {
-        // Below stage 3 the parameters are whole on every rank; the
-        // optimizer state is whole below stage 1.
+    // Below stage 3 the parameters are whole on every rank; the optimizer
+    // state is whole below stage 1. Read in the order rank_chunks wrote
+    // (each tensor's parameter, m, v, then the next tensor) so that a
+    // resume on the same layout reads its file front to back.
+    auto read = [&](int k, const std::vector<std::pair<int64_t, int64_t>>& rs,
+                    const model::ParamInfo& e) {
         const bool sharded = k == 0 ? zero == 3 : zero >= 1;
-        for (const auto& [b, e_end] : sharded ? ranges : all) {
-            for (const auto& e : m.registry().entries()) {
+        for (const auto& [b, e_end] : rs) {
+            const int64_t lo = std::max(e.offset, b), hi = std::min(e.offset + e.numel(), e_end);
+            if (lo >= hi) continue;
+            const int64_t at = sharded ? packed_offset(ranges, lo) : lo;
+            reader.read(names[k], e.name, e.placement(), lo - e.offset, hi - lo, dst[k] + at);
+        }
+    };
+    for (const auto& [b, e_end] : ranges) {
+        for (const auto& e : m.registry().entries()) {
+            if (std::min(e.offset + e.numel(), e_end) <= std::max(e.offset, b)) continue;
+            const std::vector<std::pair<int64_t, int64_t>> mine = {
+                {std::max(e.offset, b), std::min(e.offset + e.numel(), e_end)}};
+            for (int k = 0; k < 3; ++k) read(k, mine, e);
+        }
+    }
+    // What this rank holds beyond its saved ranges: whole parameters below
+    // ZeRO-3, whole optimizer state below ZeRO-1.
+    for (int k = 0; k < 3; ++k) {
+        const bool sharded = k == 0 ? zero == 3 : zero >= 1;
+        if (sharded) continue;
+        for (const auto& e : m.registry().entries()) {
+            std::vector<std::pair<int64_t, int64_t>> rest;
+            int64_t from = e.offset;
+            for (const auto& [b, e_end] : ranges) {
                 const int64_t lo = std::max(e.offset, b),
                               hi = std::min(e.offset + e.numel(), e_end);
                 if (lo >= hi) continue;
-                const int64_t at = sharded ? packed_offset(ranges, lo) : lo;
-                reader.read(names[k], e.name, e.placement(), lo - e.offset, hi - lo, dst[k] + at);
+                if (from < lo) rest.push_back({from, lo});
+                from = hi;
             }
+            if (from < e.offset + e.numel()) rest.push_back({from, e.offset + e.numel()});
+            read(k, rest, e);
         }
     }
     engine.params_loaded();

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -188,9 +189,19 @@ bool is_buffer(Arch arch, const std::string& name) {
 }
 
 std::vector<float> transposed(const std::vector<float>& a, int64_t rows, int64_t cols) {
+    // In 16 x 16 tiles, writing along output rows: a plain loop writes (or
+    // reads) with a stride of a whole row, often a multiple of 4 KiB, so
+    // every access misses the cache (measured on 3072 x 768: 10 ns per
+    // element plain, 0.7 ns tiled; BENCHMARKS.md).
+    constexpr int64_t kTile = 16;
     std::vector<float> t(a.size());
-    for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < cols; ++c) t[size_t(c * rows + r)] = a[size_t(r * cols + c)];
+    for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+        for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+            const int64_t r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
+            for (int64_t c = c0; c < c1; ++c) {
+                for (int64_t r = r0; r < r1; ++r) t[size_t(c * rows + r)] = a[size_t(r * cols + c)];
+            }
+        }
     }
     return t;
 }

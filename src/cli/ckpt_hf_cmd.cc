@@ -394,6 +394,19 @@ std::string write_run(const ImportArgs& a, const core::Config& c, const model::T
     return write_checkpoint(a.out, m, weights, meta);
 }
 
+// --out: new or empty, or with --overwrite a run directory (as
+// train::check_new_run_dir decides for `apiary train`).
+void check_out_dir(const ImportArgs& a) {
+    const bool empty = !fs::exists(a.out) || (fs::is_directory(a.out) && fs::is_empty(a.out));
+    if (!empty && !a.overwrite) {
+        throw ConfigError(
+            fmt::format("--out {}: already exists and is not empty; give a new "
+                        "directory, or --overwrite to replace the run in it",
+                        a.out));
+    }
+    train::check_new_run_dir(a.out, a.overwrite);
+}
+
 void import_hf(const ImportArgs& a) {
     if (!fs::is_directory(a.hf_dir)) {
         throw IoError(
@@ -405,7 +418,7 @@ void import_hf(const ImportArgs& a) {
     const core::ModelSpec spec = hf::spec_from_config(read_json(where), where);
     const std::string tokenizer = model_tokenizer(a);
     const core::Config c = import_config(a, spec, where, tokenizer);
-    train::check_new_run_dir(a.out, a.overwrite);
+    check_out_dir(a);
     const hf::Checkpoint ck(a.hf_dir);
     model::ModelOptions o;
     o.storage = model::Storage::sharded;  // the registry, without buffers

@@ -86,18 +86,61 @@ std::string string_field(const json& c, const char* key, const std::string& fall
                     where, what));
 }
 
-// transformers' GPT2Config, defaults included.
-core::ModelSpec gpt2_spec(const json& c, const std::string& w) {
+// The shape fields both configs have: their names in config.json and
+// transformers' defaults for them.
+struct IntField {
+    const char* name;
+    int64_t fallback;
+};
+struct ShapeFields {
+    IntField vocab, positions, width, layers, heads;
+    const char *ffn, *eps;
+    double eps_default;
+    bool tied_default;
+};
+const ShapeFields kGpt2Fields = {.vocab = {"vocab_size", 50257},
+                                 .positions = {"n_positions", 1024},
+                                 .width = {"n_embd", 768},
+                                 .layers = {"n_layer", 12},
+                                 .heads = {"n_head", 12},
+                                 .ffn = "n_inner",
+                                 .eps = "layer_norm_epsilon",
+                                 .eps_default = 1e-5,
+                                 .tied_default = true};
+const ShapeFields kLlamaFields = {.vocab = {"vocab_size", 32000},
+                                  .positions = {"max_position_embeddings", 2048},
+                                  .width = {"hidden_size", 4096},
+                                  .layers = {"num_hidden_layers", 32},
+                                  .heads = {"num_attention_heads", 32},
+                                  .ffn = "intermediate_size",
+                                  .eps = "rms_norm_eps",
+                                  .eps_default = 1e-6,
+                                  .tied_default = false};
+
+// The ranges are those of apiary's model.* keys, so the run's config.toml
+// reads back.
+core::ModelSpec shape_from(const json& c, Arch arch, const ShapeFields& f, const std::string& w) {
+    auto get = [&](const IntField& i, int64_t lo, int64_t hi) {
+        return int_field(c, i.name, i.fallback, lo, hi, w);
+    };
     core::ModelSpec s;
-    s.arch = Arch::gpt2;
-    s.vocab_size = int_field(c, "vocab_size", 50257, 2, 1 << 24, w);
-    s.max_seq_len = int_field(c, "n_positions", 1024, 1, 1 << 22, w);
-    s.n_embd = int_field(c, "n_embd", 768, 1, 1 << 20, w);
-    s.n_layer = int_field(c, "n_layer", 12, 1, 1000, w);
-    s.n_head = s.n_kv_head = int_field(c, "n_head", 12, 1, 4096, w);
-    s.ffn_hidden = int_field(c, "n_inner", 4 * int64_t(s.n_embd), 1, 1 << 22, w);
-    s.norm_eps = real_field(c, "layer_norm_epsilon", 1e-5, w);
-    s.tie_embeddings = bool_field(c, "tie_word_embeddings", true, w);
+    s.arch = arch;
+    s.vocab_size = get(f.vocab, 2, 1 << 24);
+    s.max_seq_len = get(f.positions, 1, 1 << 22);
+    s.n_embd = get(f.width, 1, 1 << 20);
+    s.n_layer = get(f.layers, 1, 1000);
+    s.n_head = s.n_kv_head = get(f.heads, 1, 4096);
+    // GPT-2's n_inner defaults to 4C, LLaMA's intermediate_size to 11008.
+    s.ffn_hidden =
+        int_field(c, f.ffn, arch == Arch::gpt2 ? 4 * int64_t(s.n_embd) : 11008, 1, 1 << 22, w);
+    s.norm_eps = real_field(c, f.eps, f.eps_default, w);
+    s.tie_embeddings = bool_field(c, "tie_word_embeddings", f.tied_default, w);
+    return s;
+}
+
+// transformers' GPT2Config.
+core::ModelSpec gpt2_spec(const json& c, const std::string& w) {
+    const core::ModelSpec s = shape_from(c, Arch::gpt2, kGpt2Fields, w);
     // gelu_pytorch_tanh is the same tanh approximation as gelu_new.
     const std::string act = string_field(c, "activation_function", "gelu_new", w);
     if (act != "gelu_new" && act != "gelu_pytorch_tanh") {
@@ -128,19 +171,10 @@ float llama_rope_theta(const json& c, const std::string& w) {
     return real_field(c, "rope_theta", 10000.0, w);
 }
 
-// transformers' LlamaConfig, defaults included.
+// transformers' LlamaConfig.
 core::ModelSpec llama_spec(const json& c, const std::string& w) {
-    core::ModelSpec s;
-    s.arch = Arch::llama;
-    s.vocab_size = int_field(c, "vocab_size", 32000, 2, 1 << 24, w);
-    s.max_seq_len = int_field(c, "max_position_embeddings", 2048, 1, 1 << 22, w);
-    s.n_embd = int_field(c, "hidden_size", 4096, 1, 1 << 20, w);
-    s.n_layer = int_field(c, "num_hidden_layers", 32, 1, 1000, w);
-    s.n_head = int_field(c, "num_attention_heads", 32, 1, 4096, w);
+    core::ModelSpec s = shape_from(c, Arch::llama, kLlamaFields, w);
     s.n_kv_head = int_field(c, "num_key_value_heads", s.n_head, 1, 4096, w);
-    s.ffn_hidden = int_field(c, "intermediate_size", 11008, 1, 1 << 22, w);
-    s.norm_eps = real_field(c, "rms_norm_eps", 1e-6, w);
-    s.tie_embeddings = bool_field(c, "tie_word_embeddings", false, w);
     s.rope_theta = llama_rope_theta(c, w);
     const std::string act = string_field(c, "hidden_act", "silu", w);
     if (act != "silu") unsupported(w, fmt::format("hidden_act '{}' (apiary's uses 'silu')", act));
@@ -217,16 +251,17 @@ json config_json(const core::ModelSpec& s, std::optional<uint32_t> eos) {
               {"initializer_range", 0.02},
               {"use_cache", true},
               {"torch_dtype", "float32"}};
+    const ShapeFields& f = s.arch == Arch::gpt2 ? kGpt2Fields : kLlamaFields;
+    c.update({{f.positions.name, s.max_seq_len},
+              {f.width.name, s.n_embd},
+              {f.layers.name, s.n_layer},
+              {f.heads.name, s.n_head},
+              {f.ffn, s.ffn_dim()},
+              {f.eps, shortest(s.norm_eps)}});
     if (s.arch == Arch::gpt2) {
         // apiary trains without dropout.
-        c.update({{"n_positions", s.max_seq_len},
-                  {"n_ctx", s.max_seq_len},
-                  {"n_embd", s.n_embd},
-                  {"n_layer", s.n_layer},
-                  {"n_head", s.n_head},
-                  {"n_inner", s.ffn_dim()},
+        c.update({{"n_ctx", s.max_seq_len},
                   {"activation_function", "gelu_new"},
-                  {"layer_norm_epsilon", shortest(s.norm_eps)},
                   {"resid_pdrop", 0.0},
                   {"embd_pdrop", 0.0},
                   {"attn_pdrop", 0.0},
@@ -234,15 +269,9 @@ json config_json(const core::ModelSpec& s, std::optional<uint32_t> eos) {
                   {"scale_attn_by_inverse_layer_idx", false},
                   {"reorder_and_upcast_attn", false}});
     } else {
-        c.update({{"max_position_embeddings", s.max_seq_len},
-                  {"hidden_size", s.n_embd},
-                  {"intermediate_size", s.ffn_dim()},
-                  {"num_hidden_layers", s.n_layer},
-                  {"num_attention_heads", s.n_head},
-                  {"num_key_value_heads", s.n_kv_head},
+        c.update({{"num_key_value_heads", s.n_kv_head},
                   {"head_dim", s.head_size()},
                   {"hidden_act", "silu"},
-                  {"rms_norm_eps", shortest(s.norm_eps)},
                   {"rope_theta", shortest(s.rope_theta)},
                   {"rope_scaling", nullptr},
                   {"attention_bias", false},

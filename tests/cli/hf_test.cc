@@ -314,6 +314,15 @@ class HfImport : public HfBase {
         fs::copy(exported(c), to);
         return to;
     }
+    // A copy whose model.safetensors `edit` changed.
+    static fs::path with_weights(const Case& c, const std::string& name,
+                                 const std::function<void(Tensors&)>& edit) {
+        const fs::path hf = copy_export(c, name);
+        Tensors t = load_tensors(hf / "model.safetensors");
+        edit(t);
+        save_tensors(hf / "model.safetensors", t);
+        return hf;
+    }
     static void edit_config(const fs::path& hf, const std::function<void(json&)>& edit) {
         json cfg = read_json(hf / "config.json");
         edit(cfg);
@@ -363,18 +372,25 @@ TEST_F(HfImport, ShardedIndexWithBf16AndF16) {
     }
 }
 
-TEST_F(HfImport, Gpt2ModelNamesWithMaskBuffers) {
-    // The original GPT-2 upload: GPT2Model's names (no `transformer.`) and
-    // each block's causal mask buffer, which is not a parameter.
-    const fs::path hf = copy_export(gpt2_, "gpt2model");
-    Tensors renamed;
-    for (auto& [name, t] : load_tensors(hf / "model.safetensors")) {
-        renamed[name.substr(std::string("transformer.").size())] = t;
-    }
-    for (int l = 0; l < 2; ++l) {
-        renamed[fmt::format("h.{}.attn.bias", l)] = {{1, 1, 64, 64}, std::vector<float>(4096, 1)};
-    }
-    save_tensors(hf / "model.safetensors", renamed);
+TEST_F(HfImport, Gpt2ModelNamesWithMaskBuffersAndDefaults) {
+    // The original GPT-2 upload: GPT2Model's names (no `transformer.`),
+    // each block's causal mask buffer, which is not a parameter, and a
+    // config.json that leaves fields at transformers' defaults.
+    const fs::path hf = with_weights(gpt2_, "gpt2model", [](Tensors& t) {
+        Tensors renamed;
+        for (auto& [name, x] : t) renamed[name.substr(std::string("transformer.").size())] = x;
+        for (int l = 0; l < 2; ++l) {
+            renamed[fmt::format("h.{}.attn.bias", l)] = {{1, 1, 64, 64},
+                                                         std::vector<float>(4096, 1)};
+        }
+        t = renamed;
+    });
+    edit_config(hf, [](json& c) {
+        for (const char* key : {"tie_word_embeddings", "layer_norm_epsilon", "scale_attn_weights",
+                                "activation_function", "bos_token_id", "eos_token_id"}) {
+            c.erase(key);
+        }
+    });
     const fs::path run = path("gpt2model_run");
     const auto r = import(hf, run);
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -383,10 +399,8 @@ TEST_F(HfImport, Gpt2ModelNamesWithMaskBuffers) {
 }
 
 TEST_F(HfImport, MissingTensorIsNamed) {
-    const fs::path hf = copy_export(gpt2_, "missing");
-    Tensors t = load_tensors(hf / "model.safetensors");
-    t.erase("transformer.h.1.mlp.c_fc.bias");
-    save_tensors(hf / "model.safetensors", t);
+    const fs::path hf = with_weights(gpt2_, "missing",
+                                     [](Tensors& t) { t.erase("transformer.h.1.mlp.c_fc.bias"); });
     const std::string out = import_error(hf);
     EXPECT_NE(out.find("tensor 'transformer.h.1.mlp.c_fc.bias' (shape [160]) is missing from "
                        "model.safetensors"),
@@ -396,10 +410,9 @@ TEST_F(HfImport, MissingTensorIsNamed) {
 
 TEST_F(HfImport, WrongShapeIsNamed) {
     // apiary's own (out, in) layout where GPT-2's Conv1D is (in, out).
-    const fs::path hf = copy_export(gpt2_, "shape");
-    Tensors t = load_tensors(hf / "model.safetensors");
-    t["transformer.h.0.attn.c_attn.weight"].shape = {144, 48};
-    save_tensors(hf / "model.safetensors", t);
+    const fs::path hf = with_weights(gpt2_, "shape", [](Tensors& t) {
+        t["transformer.h.0.attn.c_attn.weight"].shape = {144, 48};
+    });
     const std::string out = import_error(hf);
     EXPECT_NE(out.find((hf / "model.safetensors").string() +
                        ": tensor 'transformer.h.0.attn.c_attn.weight' has shape [144, 48], but "
@@ -409,10 +422,9 @@ TEST_F(HfImport, WrongShapeIsNamed) {
 }
 
 TEST_F(HfImport, TensorOfAnotherModelIsNamed) {
-    const fs::path hf = copy_export(llama_, "extra");
-    Tensors t = load_tensors(hf / "model.safetensors");
-    t["model.layers.2.input_layernorm.weight"] = {{64}, std::vector<float>(64, 1)};
-    save_tensors(hf / "model.safetensors", t);
+    const fs::path hf = with_weights(llama_, "extra", [](Tensors& t) {
+        t["model.layers.2.input_layernorm.weight"] = {{64}, std::vector<float>(64, 1)};
+    });
     const std::string out = import_error(hf);
     EXPECT_NE(out.find("tensor 'model.layers.2.input_layernorm.weight' is not part of a "
                        "LlamaForCausalLM with this config.json (2 layers"),
@@ -490,7 +502,7 @@ TEST_F(HfImport, ExistingRunIsKept) {
     const auto before = read_lines((run / "config.toml").string());
     const auto r = import(exported(gpt2_), run);
     EXPECT_EQ(r.exit_code, 1);
-    EXPECT_NE(r.output.find("already holds a run"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("already exists and is not empty"), std::string::npos) << r.output;
     EXPECT_EQ(read_lines((run / "config.toml").string()), before);
     EXPECT_EQ(train::latest_checkpoint(run).step, 12);
 }

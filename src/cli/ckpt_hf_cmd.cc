@@ -44,9 +44,14 @@ std::string meta_string(const json& meta, const char* key) {
     return it != meta.end() && it->is_string() ? it->get<std::string>() : "";
 }
 
-// The run's tokenizer.json (its text) when the checkpoint was trained with
-// it: the hash the checkpoint recorded must match.
-std::optional<std::string> run_tokenizer(const train::CheckpointRef& ck) {
+struct RunTokenizer {
+    std::string text;
+    std::optional<uint32_t> eos;  // <|endoftext|>, config.json's bos and eos
+};
+
+// The run's tokenizer.json when the checkpoint was trained with it: the
+// hash the checkpoint recorded must match.
+std::optional<RunTokenizer> run_tokenizer(const train::CheckpointRef& ck) {
     if (meta_string(ck.meta, "tokenizer") != train::kTokenizerFile) return std::nullopt;
     const fs::path path = fs::path(ck.dir).parent_path().parent_path() / train::kTokenizerFile;
     if (!fs::is_regular_file(path)) {
@@ -61,7 +66,9 @@ std::optional<std::string> run_tokenizer(const train::CheckpointRef& ck) {
         throw DataError(fmt::format("{}: tokenizer hash {}, but {} was trained with {}",
                                     path.string(), data::hex64(tok.hash()), ck.dir, want));
     }
-    return text;
+    RunTokenizer r{std::move(text), std::nullopt};
+    if (tok.has_special(kEndOfText)) r.eos = tok.special_id(kEndOfText);
+    return r;
 }
 
 // An export's directory: new, empty, or holding only what an earlier
@@ -92,7 +99,7 @@ void export_hf(const train::CheckpointRef& ck, const std::string& out) {
     check_export_dir(dir);
     const std::string where = (fs::path(ck.dir) / ckpt::kManifestFile).string();
     const core::ModelSpec spec = train::spec_from_json(ck.meta.at("model"), where);
-    const std::optional<std::string> tokenizer = run_tokenizer(ck);
+    const std::optional<RunTokenizer> tokenizer = run_tokenizer(ck);
     const ckpt::CheckpointReader reader(ck.dir);
     const std::vector<std::string> names = reader.tensors("param");
     std::vector<std::vector<float>> data;
@@ -112,19 +119,15 @@ void export_hf(const train::CheckpointRef& ck, const std::string& out) {
                            hf::hf_shape(spec.arch, name, shape), data.back().data(),
                            data.back().size() * sizeof(float)});
     }
-    std::optional<uint32_t> eos;
-    if (tokenizer) {
-        const auto tok = data::Tokenizer::from_json_text(*tokenizer, train::kTokenizerFile);
-        if (tok.has_special(kEndOfText)) eos = tok.special_id(kEndOfText);
-    }
     fs::create_directories(dir);
     ckpt::write_safetensors((dir / hf::kWeightsFile).string(), entries,
                             {{"format", "pt"}, {"producer", "apiary"}});
-    const std::string config = hf::config_json(spec, eos).dump(2) + "\n";
+    const std::string config =
+        hf::config_json(spec, tokenizer ? tokenizer->eos : std::nullopt).dump(2) + "\n";
     ckpt::atomic_write((dir / hf::kConfigFile).string(), config.data(), config.size());
     const fs::path tok_path = dir / train::kTokenizerFile;
     if (tokenizer) {
-        ckpt::atomic_write(tok_path.string(), tokenizer->data(), tokenizer->size());
+        ckpt::atomic_write(tok_path.string(), tokenizer->text.data(), tokenizer->text.size());
     } else {
         fs::remove(tok_path);  // an earlier export's, of another run
     }

@@ -1,8 +1,9 @@
 // `apiary ckpt inspect|verify|export`: what a checkpoint holds, whether it
 // is intact (every file's and chunk's checksum, every slice of every tensor
 // stored exactly once), and its tensors gathered into one safetensors file
-// by global name. Each takes a run directory (its latest checkpoint) or a
-// checkpoint directory (ckpt/step_N).
+// by global name (or, with --format hf, a Hugging Face model directory:
+// ckpt_hf_cmd.cc, which also adds `ckpt import`). Each takes a run
+// directory (its latest checkpoint) or a checkpoint directory (ckpt/step_N).
 
 #include <fmt/format.h>
 
@@ -11,6 +12,7 @@
 
 #include "ckpt/safetensors.h"
 #include "ckpt/sharded.h"
+#include "cli/ckpt_hf.h"
 #include "cli/command.h"
 #include "core/error.h"
 #include "train/checkpoint.h"
@@ -102,9 +104,9 @@ void export_tensors(const std::string& path, const std::string& out) {
 }
 
 void setup(CLI::App& app) {
-    auto* cmd = app.add_subcommand("ckpt", "inspect, verify and export checkpoints");
+    auto* cmd = app.add_subcommand("ckpt", "inspect, verify, export and import checkpoints");
     cmd->require_subcommand(1);
-    static std::string path, out;
+    static std::string path, out, format = "apiary";
     auto* ins = cmd->add_subcommand("inspect", "what a checkpoint holds");
     ins->add_option("path", path, "run directory (its latest checkpoint) or checkpoint directory")
         ->required();
@@ -115,8 +117,21 @@ void setup(CLI::App& app) {
     auto* exp = cmd->add_subcommand(
         "export", "every parameter, gathered by global name, into one safetensors file");
     exp->add_option("path", path, "run directory or checkpoint directory")->required();
-    exp->add_option("--out", out, "the safetensors file to write")->required();
-    exp->callback([] { export_tensors(path, out); });
+    exp->add_option("--out", out, "the safetensors file to write (--format hf: the directory)")
+        ->required();
+    exp->add_option("--format", format,
+                    "apiary (tensors by apiary's names and shapes) or hf (a Hugging Face "
+                    "GPT2LMHeadModel / LlamaForCausalLM directory)")
+        ->check(CLI::IsMember({"apiary", "hf"}))
+        ->capture_default_str();
+    exp->callback([] {
+        if (format == "hf") {
+            export_hf(resolve(path, false), out);
+        } else {
+            export_tensors(path, out);
+        }
+    });
+    add_ckpt_import(*cmd);
 }
 
 CommandRegistrar reg("ckpt", setup);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/launch_targets.h"
 #include "core/error.h"
 #include "core/signals.h"
 #include "core/threads.h"
@@ -170,6 +171,9 @@ void run(const Options& o) {
         fmt::print("{}\n", line);
         return;
     }
+    // Prometheus finds the ranks' metrics endpoints in this file.
+    const std::string targets = write_launch_targets(o.ranks, o.hosts, o.args);
+    if (!targets.empty()) fmt::print("apiary launch: scrape targets in {}\n", targets);
     std::vector<char*> argv;
     for (const auto& a : cmd) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);

@@ -19,10 +19,12 @@
 #include "core/model_spec.h"
 #include "core/signals.h"
 #include "core/threads.h"
+#include "core/trace.h"
 #include "data/file_io.h"
 #include "data/loader.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "obs/observer.h"
 #include "parallel/engine.h"
 #include "parallel/layout.h"
 #include "train/checkpoint.h"
@@ -40,6 +42,16 @@ namespace {
 
 double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Bytes of the files under dir (a checkpoint's size).
+double directory_bytes(const std::string& dir) {
+    double bytes = 0;
+    std::error_code ec;
+    for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+        if (it->is_regular_file(ec)) bytes += double(it->file_size(ec));
+    }
+    return bytes;
 }
 
 std::string format_duration(double s) {
@@ -194,7 +206,9 @@ class Trainer {
                         const auto [b, t] = train_data_->shape_at(step);
                         return b * t * layout_.dp();
                     }),
-          engine_(spec_, layout_, world, B_, T_, engine_options(c)) {}
+          engine_(spec_, layout_, world, B_, T_, engine_options(c)),
+          obs_(std::make_unique<obs::RunObserver>(c, world, peak_,
+                                                  [this](const std::string& line) { say("{}", line); })) {}
 
     void init_fresh() { engine_.init(seed_); }
     // Loads weights, optimizer state, loss scaler and step from a checkpoint.
@@ -238,9 +252,15 @@ class Trainer {
     void print_banner(double unigram);
     json step_record(int64_t step, const parallel::StepResult& r, double lr);
     std::string save(int64_t step) {
-        return save_checkpoint(engine_, run_dir_, step, checkpoint_meta(step),
-                               c_.get_int("train.ckpt_keep"));
+        APIARY_TRACE("checkpoint", core::trace::Kind::checkpoint, -1, -1, nullptr, step);
+        const auto t0 = Clock::now();
+        std::string dir = save_checkpoint(engine_, run_dir_, step, checkpoint_meta(step),
+                                          c_.get_int("train.ckpt_keep"));
+        obs_->checkpoint_done(seconds_since(t0), main_rank() ? directory_bytes(dir) : 0.0);
+        return dir;
     }
+    obs::StepReport step_report(int64_t step, const parallel::StepResult& r, double lr, double dt,
+                                double data_wait, const data::Batch& batch) const;
     bool main_rank() const { return engine_.main_rank(); }
     // The first rank prints; every rank writes the same lines to its own log
     // in the run directory (logs/rank_NNNNN.log), with what it alone knows
@@ -300,6 +320,7 @@ class Trainer {
     parallel::Engine engine_;
     int64_t start_step_ = 0;
     std::ofstream rank_log_;
+    std::unique_ptr<obs::RunObserver> obs_;  // metrics, health, traces
 };
 
 void Trainer::load(const CheckpointRef& ck) {
@@ -334,6 +355,7 @@ void Trainer::load(const CheckpointRef& ck) {
 }
 
 double Trainer::evaluate() {
+    APIARY_TRACE("eval", core::trace::Kind::eval);
     model::LossResult local;
     val_data_->restore(val_start_);
     for (int64_t i = 0; i < c_.get_int("train.eval_batches"); ++i) {
@@ -432,6 +454,31 @@ json Trainer::step_record(int64_t step, const parallel::StepResult& r, double lr
     return rec;
 }
 
+obs::StepReport Trainer::step_report(int64_t step, const parallel::StepResult& r, double lr,
+                                     double dt, double data_wait, const data::Batch& batch) const {
+    const auto& t = engine_.times();
+    const auto& scaler = engine_.loss_scaler();
+    obs::StepReport o;
+    o.step = step + 1;
+    o.loss = r.loss();
+    o.lr = lr;
+    o.grad_norm = r.grad_norm;
+    o.loss_scale = scaler.enabled() ? scaler.scale() : 1.0;
+    o.skipped_steps = scaler.skipped_steps();
+    o.step_s = dt;
+    o.data_wait_s = data_wait;
+    o.tokens = double(batch.B * batch.T * layout_.dp());
+    o.flops = o.tokens * spec_.train_flops_per_token(int(batch.T));
+    o.forward_s = t.forward;
+    o.backward_s = t.backward;
+    o.optimizer_s = t.optimizer;
+    o.exposed_comm_s = engine_.exposed_comm_seconds();
+    o.busy_max_s = r.busy_max_s;
+    o.busy_min_s = r.busy_min_s;
+    o.job_health = r.health;
+    return o;
+}
+
 TrainSummary Trainer::run(bool append_metrics) {
     open_rank_log(append_metrics);
     std::optional<MetricsLog> metrics;
@@ -439,6 +486,7 @@ TrainSummary Trainer::run(bool append_metrics) {
     // The unigram baseline is computed by the first rank only (it prints it).
     const double unigram = main_rank() ? unigram_entropy() : 0.0;
     print_banner(unigram);
+    obs_->start(start_step_);
 
     TrainSummary summary;
     summary.unigram_loss = unigram;
@@ -456,10 +504,16 @@ TrainSummary Trainer::run(bool append_metrics) {
     // directly could reach ranks at different steps).
     bool stop = false;
     for (; step < steps_ && !stop; ++step) {
+        obs_->before_step(step);
+        APIARY_TRACE("step", core::trace::Kind::step, -1, -1, nullptr, step + 1);
         const auto t0 = Clock::now();
         // This data-parallel rank's windows of the step, (rows, T + 1): B_t
         // rows of T_t per micro-step, which vary under a curriculum.
-        const data::Batch& batch = train_data_->next_batch();
+        const data::Batch& batch = [&]() -> const data::Batch& {
+            APIARY_TRACE("data wait", core::trace::Kind::data);
+            return train_data_->next_batch();
+        }();
+        const double data_wait = seconds_since(t0);
         APIARY_CHECK(batch.step == step && batch.B % accum_ == 0,
                      "loader batch of step {} with {} rows at step {}, grad_accum {}", batch.step,
                      batch.B, step, accum_);
@@ -467,6 +521,7 @@ TrainSummary Trainer::run(bool append_metrics) {
         // Testing hook: an overflowing loss scale on the last data-parallel
         // rank only; the reductions carry it to every rank.
         const bool poison = inject_.count(step + 1) && coord_.dp == layout_.dp() - 1;
+        engine_.set_rank_signals(obs_->poll_health(), obs_->busy_seconds());
         const parallel::StepResult r = engine_.train_step(batch.tokens.data(), batch.B, batch.T, lr,
                                                           core::stop_requested(), poison);
         stop = r.stop;
@@ -489,6 +544,11 @@ TrainSummary Trainer::run(bool append_metrics) {
                             "(now {}) or raise train.warmup_steps",
                             step + 1, loss, lr_peak));
         }
+        if (obs_->after_step(step_report(step, r, lr, dt, data_wait, batch)) ==
+            obs::AfterStep::stop_unhealthy) {
+            stop = true;
+            summary.health_stop = obs_->stop_reason();
+        }
         const int64_t tokens = batch.B * batch.T * layout_.dp();
         window_loss += loss;
         window_time += dt;
@@ -498,6 +558,7 @@ TrainSummary Trainer::run(bool append_metrics) {
         const bool last = step + 1 == steps_;
         if ((eval_every > 0 && (step + 1) % eval_every == 0) || last) {
             last_eval = evaluate();
+            obs_->eval_done(last_eval);
             if (metrics) metrics->write({{"step", step + 1}, {"eval_loss", last_eval}});
         }
         if ((step + 1) % log_every == 0 || last) {
@@ -544,7 +605,12 @@ TrainSummary Trainer::run(bool append_metrics) {
         }
         if (ckpt_every > 0 && (step + 1) % ckpt_every == 0 && !last) save(step + 1);
     }
-    if (stop) {
+    if (stop && !summary.health_stop.empty()) {
+        say("\nstopping after step {} for health ({}): saving a checkpoint (move the job, then "
+            "`apiary train --resume {}`)\n",
+            step, summary.health_stop, run_dir_);
+        last_eval = evaluate();
+    } else if (stop) {
         say("\ninterrupted after step {}: saving a checkpoint (resume with `apiary train "
             "--resume {}`)\n",
             step, run_dir_);
@@ -579,6 +645,7 @@ TrainSummary Trainer::run(bool append_metrics) {
         "{:.1f} MiB; checkpoint {}\n",
         step, format_duration(seconds_since(t_start)), last_eval, per_byte, summary.unigram_loss,
         double(mem.total_peak) / 1048576.0, summary.checkpoint_dir);
+    obs_->finish();
     if (metrics && metrics->lost() > 0) {
         fmt::print(stderr,
                    "apiary: warning: {} records could not be written to {} (see the warnings "

@@ -11,6 +11,10 @@ HealthMonitor::HealthMonitor(const HealthOptions& o, int rank)
 // must fall below resume_temp_c to count as cool (hysteresis: a sensor
 // hovering at the limit does not flip the job every check).
 std::string HealthMonitor::check(const SensorReadings& r, bool hot_now) {
+    // Events since the last check, counted whatever else is wrong.
+    const int64_t throttled =
+        r.throttle_events >= 0 && last_throttle_ >= 0 ? r.throttle_events - last_throttle_ : 0;
+    if (r.throttle_events >= 0) last_throttle_ = r.throttle_events;
     const double limit = hot_now ? o_.resume_temp_c : o_.max_temp_c;
     for (const auto& t : r.temperatures) {
         if (t.celsius > limit) {
@@ -29,14 +33,10 @@ std::string HealthMonitor::check(const SensorReadings& r, bool hot_now) {
             }
         }
     }
-    if (o_.max_throttle_events > 0 && r.throttle_events >= 0) {
-        const int64_t delta = last_throttle_ < 0 ? 0 : r.throttle_events - last_throttle_;
-        last_throttle_ = r.throttle_events;
-        if (delta > o_.max_throttle_events) {
-            return fmt::format("{} thermal-throttle events since the last check (more than "
-                               "health.max_throttle_events = {})",
-                               delta, o_.max_throttle_events);
-        }
+    if (o_.max_throttle_events > 0 && throttled > o_.max_throttle_events) {
+        return fmt::format("{} thermal-throttle events since the last check (more than "
+                           "health.max_throttle_events = {})",
+                           throttled, o_.max_throttle_events);
     }
     return "";
 }

@@ -100,11 +100,12 @@ std::string chart(const std::vector<RunSeries>& runs, Metric m) {
             s += fmt::format("<circle cx='{:.1f}' cy='{:.1f}' r='4' fill='{}'/>\n",
                              f.px(runs[k].step[0]), f.py(v[0] * scale), kColors[k % 8]);
         }
+        // The legend runs along the top, right of the title, off the lines.
+        const double lx = f.width - f.right - 110 * double(runs.size() - k);
         s += fmt::format(
-            "<rect x='{:.1f}' y='{:.1f}' width='14' height='4' fill='{}'/>"
-            "<text x='{:.1f}' y='{:.1f}' font-size='12'>{}</text>\n",
-            f.width - f.right - 150, f.top + 12 + 16 * double(k), kColors[k % 8],
-            f.width - f.right - 130, f.top + 18 + 16 * double(k), escape(runs[k].name));
+            "<rect x='{:.1f}' y='12' width='14' height='4' fill='{}'/>"
+            "<text x='{:.1f}' y='18' font-size='12'>{}</text>\n",
+            lx, kColors[k % 8], lx + 18, escape(runs[k].name));
     }
     return s + "</svg>\n";
 }

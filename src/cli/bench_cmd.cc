@@ -291,6 +291,7 @@ void setup(CLI::App& app) {
     tr->callback([] { bench_train(a); });
     add_bench_comm_command(cmd);
     add_bench_ddp_command(cmd);
+    add_bench_obs_command(cmd);
     add_bench_data_commands(cmd);
 }
 

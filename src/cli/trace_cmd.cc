@@ -25,9 +25,10 @@ struct Args {
 void merge(const Args& a) {
     const auto files = obs::trace_files(a.run);
     const std::string path = obs::merge_traces(a.run, a.out);
-    fmt::print("merged {} rank trace{} into {} (open it in https://ui.perfetto.dev or "
-               "chrome://tracing)\n",
-               files.size(), files.size() == 1 ? "" : "s", path);
+    fmt::print(
+        "merged {} rank trace{} into {} (open it in https://ui.perfetto.dev or "
+        "chrome://tracing)\n",
+        files.size(), files.size() == 1 ? "" : "s", path);
 }
 
 void summary(const Args& a) {

@@ -334,8 +334,12 @@ class ThreadGroup : public ProcessGroup {
         count_traffic(fp.op, bytes);
         core::trace::Event span_proto;
         if (core::trace::on()) {
-            span_proto = {op_name(fp.op), "threads", fp.tag.kind, 0, 0, bytes, fp.tag.id, -1,
-                          core::trace::Kind::comm};
+            span_proto.name = op_name(fp.op);
+            span_proto.kind = core::trace::Kind::comm;
+            span_proto.detail = "threads";
+            span_proto.tag = fp.tag.kind;
+            span_proto.bytes = bytes;
+            span_proto.id = fp.tag.id;
         }
         core::trace::Span span(span_proto);
         {

@@ -16,8 +16,10 @@ int64_t message_bytes(const Fingerprint& fp, int group_size) {
     switch (fp.op) {
         case CollOp::reduce_scatter:
         case CollOp::all_gather:
-        case CollOp::all_to_all: return b * group_size;
-        default: return b;
+        case CollOp::all_to_all:
+            return b * group_size;
+        default:
+            return b;
     }
 }
 
@@ -28,13 +30,15 @@ void count_traffic(CollOp op, int64_t bytes) {
 
 std::array<uint64_t, kNumCollOps> traffic_bytes() {
     std::array<uint64_t, kNumCollOps> out{};
-    for (int i = 0; i < kNumCollOps; ++i) out[size_t(i)] = g_bytes[i].load(std::memory_order_relaxed);
+    for (int i = 0; i < kNumCollOps; ++i)
+        out[size_t(i)] = g_bytes[i].load(std::memory_order_relaxed);
     return out;
 }
 
 std::array<uint64_t, kNumCollOps> traffic_calls() {
     std::array<uint64_t, kNumCollOps> out{};
-    for (int i = 0; i < kNumCollOps; ++i) out[size_t(i)] = g_calls[i].load(std::memory_order_relaxed);
+    for (int i = 0; i < kNumCollOps; ++i)
+        out[size_t(i)] = g_calls[i].load(std::memory_order_relaxed);
     return out;
 }
 

@@ -59,15 +59,24 @@ void record(const Event& e) {
 
 const char* kind_name(Kind k) {
     switch (k) {
-        case Kind::step: return "step";
-        case Kind::compute: return "compute";
-        case Kind::comm: return "comm";
-        case Kind::wait: return "wait";
-        case Kind::data: return "data";
-        case Kind::optimizer: return "optimizer";
-        case Kind::checkpoint: return "checkpoint";
-        case Kind::eval: return "eval";
-        case Kind::other: break;
+        case Kind::step:
+            return "step";
+        case Kind::compute:
+            return "compute";
+        case Kind::comm:
+            return "comm";
+        case Kind::wait:
+            return "wait";
+        case Kind::data:
+            return "data";
+        case Kind::optimizer:
+            return "optimizer";
+        case Kind::checkpoint:
+            return "checkpoint";
+        case Kind::eval:
+            return "eval";
+        case Kind::other:
+            break;
     }
     return "other";
 }

@@ -33,7 +33,7 @@ const char* kind_name(Kind k);
 Kind kind_from_name(const std::string& name);
 
 struct Event {
-    const char* name = nullptr;  // a string literal or an interned string
+    const char* name = nullptr;    // a string literal or an interned string
     const char* detail = nullptr;  // e.g. the algorithm of a collective (literal or interned)
     const char* tag = nullptr;     // a collective's tag kind ("bucket", "tp_sum", ...)
     int64_t begin_ns = 0;          // CLOCK_MONOTONIC
@@ -106,6 +106,5 @@ class Span {
 #define APIARY_TRACE_CONCAT(a, b) APIARY_TRACE_CONCAT2(a, b)
 // APIARY_TRACE("name", kind[, layer, bytes, detail, id]): a span over the
 // rest of the enclosing scope.
-#define APIARY_TRACE(...)                                                   \
-    ::apiary::core::trace::Span APIARY_TRACE_CONCAT(apiary_trace_, __LINE__)( \
-        __VA_ARGS__)
+#define APIARY_TRACE(...) \
+    ::apiary::core::trace::Span APIARY_TRACE_CONCAT(apiary_trace_, __LINE__)(__VA_ARGS__)

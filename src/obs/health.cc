@@ -18,25 +18,27 @@ std::string HealthMonitor::check(const SensorReadings& r, bool hot_now) {
     const double limit = hot_now ? o_.resume_temp_c : o_.max_temp_c;
     for (const auto& t : r.temperatures) {
         if (t.celsius > limit) {
-            return fmt::format("{} at {:.1f} C {} {:.1f} C", t.sensor, t.celsius,
-                               hot_now ? "is not yet below health.resume_temp_c ="
-                                       : "exceeds health.max_temp_c =",
-                               limit);
+            return fmt::format(
+                "{} at {:.1f} C {} {:.1f} C", t.sensor, t.celsius,
+                hot_now ? "is not yet below health.resume_temp_c =" : "exceeds health.max_temp_c =",
+                limit);
         }
     }
     if (o_.min_clock_ratio > 0) {
         for (const auto& c : r.clocks) {
             if (c.max_hz > 0 && c.hz < o_.min_clock_ratio * c.max_hz) {
-                return fmt::format("cpu{} clock {:.0f} MHz is below health.min_clock_ratio = {} "
-                                   "of its maximum {:.0f} MHz",
-                                   c.cpu, c.hz / 1e6, o_.min_clock_ratio, c.max_hz / 1e6);
+                return fmt::format(
+                    "cpu{} clock {:.0f} MHz is below health.min_clock_ratio = {} "
+                    "of its maximum {:.0f} MHz",
+                    c.cpu, c.hz / 1e6, o_.min_clock_ratio, c.max_hz / 1e6);
             }
         }
     }
     if (o_.max_throttle_events > 0 && throttled > o_.max_throttle_events) {
-        return fmt::format("{} thermal-throttle events since the last check (more than "
-                           "health.max_throttle_events = {})",
-                           throttled, o_.max_throttle_events);
+        return fmt::format(
+            "{} thermal-throttle events since the last check (more than "
+            "health.max_throttle_events = {})",
+            throttled, o_.max_throttle_events);
     }
     return "";
 }

@@ -38,11 +38,11 @@ void add_keys(core::Schema& s) {
     s.add_string("health.sysfs_root", "/sys",
                  "where the sensors are read (class/hwmon, class/thermal, devices/system/cpu); "
                  "'{rank}' is replaced by the rank");
-    s.add_real("health.max_temp_c", 95.0, "a temperature sensor above this raises an event",
-               0.0, 1000.0);
+    s.add_real("health.max_temp_c", 95.0, "a temperature sensor above this raises an event", 0.0,
+               1000.0);
     s.add_real("health.resume_temp_c", 85.0,
-               "after an event, the rank counts as cool again once every sensor is below this",
-               0.0, 1000.0);
+               "after an event, the rank counts as cool again once every sensor is below this", 0.0,
+               1000.0);
     s.add_real("health.min_clock_ratio", 0.0,
                "a CPU clock below this fraction of its maximum raises an event (0: off)", 0.0, 1.0);
     s.add_int("health.max_throttle_events", 0,
@@ -75,8 +75,8 @@ MetricsOptions MetricsOptions::from_config(const core::Config& c) {
 HealthOptions HealthOptions::from_config(const core::Config& c) {
     HealthOptions o;
     const std::string& a = c.get_string("health.action");
-    o.action = a == "none"       ? HealthAction::none
-               : a == "throttle" ? HealthAction::throttle
+    o.action = a == "none"         ? HealthAction::none
+               : a == "throttle"   ? HealthAction::throttle
                : a == "checkpoint" ? HealthAction::checkpoint
                                    : HealthAction::warn;
     o.sysfs_root = c.get_string("health.sysfs_root");

@@ -17,7 +17,7 @@ void add_keys(core::Schema& schema);
 struct MetricsOptions {
     bool enabled = true;
     std::string address = "127.0.0.1";
-    int port_base = 9400;  // rank r serves on port_base + r
+    int port_base = 9400;   // rank r serves on port_base + r
     bool required = false;  // a port that cannot be bound stops the run
     double linger_s = 0;    // keep serving this long after the run ends
     std::string sd_file;    // file-SD targets `apiary launch` writes ("": beside run.dir)

@@ -102,7 +102,8 @@ class Builder {
 void add_step(Builder& b, const StepValues& v) {
     b.gauge("apiary_step", "last completed optimizer step", v.step);
     b.gauge("apiary_loss", "training loss of the last step (nats/token, global batch)", v.loss);
-    if (v.eval_loss >= 0) b.gauge("apiary_eval_loss", "last held-out loss (nats/token)", v.eval_loss);
+    if (v.eval_loss >= 0)
+        b.gauge("apiary_eval_loss", "last held-out loss (nats/token)", v.eval_loss);
     b.gauge("apiary_tokens_per_second", "tokens per second of the last step (all ranks)",
             v.tokens_per_s);
     b.gauge("apiary_step_seconds", "wall time of the last step", v.step_s);
@@ -120,8 +121,7 @@ void add_step(Builder& b, const StepValues& v) {
     b.gauge("apiary_rank_busy_seconds",
             "this rank's time in the last step not spent waiting on other ranks", v.busy_s);
     b.gauge("apiary_busy_seconds_slowest_rank", "the busiest rank's busy seconds", v.busy_max_s);
-    b.gauge("apiary_busy_seconds_fastest_rank", "the least busy rank's busy seconds",
-            v.busy_min_s);
+    b.gauge("apiary_busy_seconds_fastest_rank", "the least busy rank's busy seconds", v.busy_min_s);
     b.gauge("apiary_straggler_ratio",
             "this rank's busy seconds over the least busy rank's (1: not a straggler)",
             v.busy_min_s > 0 ? v.busy_s / v.busy_min_s : NAN);
@@ -136,8 +136,8 @@ void add_process(Builder& b, MetricsServer::State& s) {
     const auto mem = core::mem_stats();
     for (int c = 0; c < core::kNumMemCategories; ++c) {
         const std::string cat = core::category_name(core::MemCategory(c));
-        b.gauge("apiary_memory_bytes", "allocator bytes in use by category", double(mem.current[size_t(c)]),
-                {{"category", cat}});
+        b.gauge("apiary_memory_bytes", "allocator bytes in use by category",
+                double(mem.current[size_t(c)]), {{"category", cat}});
         b.gauge("apiary_memory_peak_bytes", "allocator high-water mark by category",
                 double(mem.peak[size_t(c)]), {{"category", cat}});
     }
@@ -220,8 +220,8 @@ class Collector : public prometheus::Collectable {
 
 }  // namespace
 
-MetricsServer::MetricsServer(const std::string& address, int port, int rank,
-                             const std::string& run, const Sensors* sensors)
+MetricsServer::MetricsServer(const std::string& address, int port, int rank, const std::string& run,
+                             const Sensors* sensors)
     : state_(std::make_shared<State>()), port_(port) {
     state_->rank = std::to_string(rank);
     state_->run = run;
@@ -232,9 +232,10 @@ MetricsServer::MetricsServer(const std::string& address, int port, int rank,
         // Two server threads: a scrape never waits for another.
         exposer_ = std::make_unique<prometheus::Exposer>(where, 2);
     } catch (const std::exception& e) {
-        throw IoError(fmt::format("cannot serve metrics on {} ({}): the port is in use or the "
-                                  "address is not this machine's",
-                                  where, e.what()));
+        throw IoError(
+            fmt::format("cannot serve metrics on {} ({}): the port is in use or the "
+                        "address is not this machine's",
+                        where, e.what()));
     }
     collector_ = std::make_shared<Collector>(state_);
     exposer_->RegisterCollectable(collector_);

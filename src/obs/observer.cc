@@ -61,14 +61,15 @@ bool RunObserver::tracing() const { return trace_open_; }
 void RunObserver::start_metrics() {
     if (!mo_.enabled) return;
     try {
-        metrics_ = std::make_unique<MetricsServer>(mo_.address, mo_.port(rank_), rank_, run_name_,
-                                                   health_.sensors().empty() ? nullptr
-                                                                             : &health_.sensors());
+        metrics_ = std::make_unique<MetricsServer>(
+            mo_.address, mo_.port(rank_), rank_, run_name_,
+            health_.sensors().empty() ? nullptr : &health_.sensors());
     } catch (const IoError& e) {
         if (mo_.required) {
-            throw IoError(fmt::format("rank {}: {}; metrics.required = true: choose a free range "
-                                      "with metrics.port_base (rank r uses port_base + r)",
-                                      rank_, e.what()));
+            throw IoError(
+                fmt::format("rank {}: {}; metrics.required = true: choose a free range "
+                            "with metrics.port_base (rank r uses port_base + r)",
+                            rank_, e.what()));
         }
         fmt::print(stderr,
                    "apiary: warning: rank {}: {}; training goes on without this rank's metrics "
@@ -139,12 +140,13 @@ void RunObserver::apply_health(const StepReport& r) {
     if (r.job_health > 0 && !throttled_) {
         throttled_ = true;
         base_threads_ = core::num_threads();
-        const int n = ho_.throttle_threads > 0 ? ho_.throttle_threads
-                                               : std::max(1, base_threads_ / 2);
+        const int n =
+            ho_.throttle_threads > 0 ? ho_.throttle_threads : std::max(1, base_threads_ / 2);
         core::set_num_threads(n);
-        log_(fmt::format("step {}: a rank is over its health limits: every rank throttles "
-                         "({} threads, {:.2f} s pause between steps) until it is back\n",
-                         r.step, n, ho_.pause_s));
+        log_(
+            fmt::format("step {}: a rank is over its health limits: every rank throttles "
+                        "({} threads, {:.2f} s pause between steps) until it is back\n",
+                        r.step, n, ho_.pause_s));
     } else if (r.job_health == 0 && throttled_) {
         throttled_ = false;
         core::set_num_threads(base_threads_);

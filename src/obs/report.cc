@@ -19,9 +19,10 @@ RunSeries read_run(const std::string& dir) {
     const std::string path = (fs::path(dir) / "metrics.jsonl").string();
     std::ifstream in(path);
     if (!in) {
-        throw IoError(fmt::format("{}: missing; {} is not a run directory with metrics (a run "
-                                  "writes metrics.jsonl from its first logged step)",
-                                  path, dir));
+        throw IoError(
+            fmt::format("{}: missing; {} is not a run directory with metrics (a run "
+                        "writes metrics.jsonl from its first logged step)",
+                        path, dir));
     }
     RunSeries r;
     r.dir = dir;
@@ -36,7 +37,8 @@ RunSeries read_run(const std::string& dir) {
             rec = nlohmann::json::parse(lines[i]);
         } catch (const nlohmann::json::parse_error& e) {
             if (i + 1 == lines.size()) {
-                r.notes.push_back(fmt::format("{}:{}: a torn last record was skipped", path, i + 1));
+                r.notes.push_back(
+                    fmt::format("{}:{}: a torn last record was skipped", path, i + 1));
                 continue;
             }
             throw DataError(fmt::format("{}:{}: not a JSON record ({})", path, i + 1, e.what()));
@@ -57,27 +59,34 @@ RunSeries read_run(const std::string& dir) {
         r.world_size = rec.value("world_size", r.world_size);
     }
     if (r.step.empty()) {
-        throw DataError(fmt::format("{}: no step records (a run writes one every train.log_every "
-                                    "steps); nothing to show",
-                                    path));
+        throw DataError(
+            fmt::format("{}: no step records (a run writes one every train.log_every "
+                        "steps); nothing to show",
+                        path));
     }
     return r;
 }
 
 const char* metric_title(Metric m) {
     switch (m) {
-        case Metric::loss: return "training loss (nats/token)";
-        case Metric::tokens_per_s: return "throughput (tokens/s)";
-        case Metric::mfu: return "MFU (%)";
+        case Metric::loss:
+            return "training loss (nats/token)";
+        case Metric::tokens_per_s:
+            return "throughput (tokens/s)";
+        case Metric::mfu:
+            return "MFU (%)";
     }
     return "";
 }
 
 const std::vector<double>& metric_values(const RunSeries& r, Metric m) {
     switch (m) {
-        case Metric::tokens_per_s: return r.tokens_per_s;
-        case Metric::mfu: return r.mfu;
-        default: return r.loss;
+        case Metric::tokens_per_s:
+            return r.tokens_per_s;
+        case Metric::mfu:
+            return r.mfu;
+        default:
+            return r.loss;
     }
 }
 
@@ -99,27 +108,27 @@ std::string num(double v, const char* f = "{:.4f}") {
 }  // namespace
 
 SummaryRows summary_rows(const std::vector<RunSeries>& runs) {
-    SummaryRows rows = {
-        {"directory", {}},      {"ranks", {}},           {"steps", {}},
-        {"final loss", {}},     {"best eval loss", {}},  {"tokens/s (mean)", {}},
-        {"MFU (mean)", {}},     {"step time (mean)", {}}, {"elapsed", {}}};
+    SummaryRows rows = {{"directory", {}},      {"ranks", {}},
+                        {"steps", {}},          {"final loss", {}},
+                        {"best eval loss", {}}, {"tokens/s (mean)", {}},
+                        {"MFU (mean)", {}},     {"step time (mean)", {}},
+                        {"elapsed", {}}};
     for (const auto& r : runs) {
         // Means leave out the first record: it holds the warm-up steps.
         const size_t from = r.step.size() > 1 ? 1 : 0;
-        const double best = r.eval_loss.empty()
-                                ? NAN
-                                : *std::min_element(r.eval_loss.begin(), r.eval_loss.end());
-        const std::vector<std::string> col = {
-            r.dir,
-            std::to_string(r.world_size),
-            fmt::format("{:.0f}", r.step.back()),
-            num(r.loss.back()),
-            num(best),
-            num(mean(r.tokens_per_s, from), "{:.0f}"),
-            std::isfinite(mean(r.mfu, from)) ? fmt::format("{:.1f}%", 100 * mean(r.mfu, from))
-                                             : "-",
-            num(mean(r.step_time_s, from), "{:.3f} s"),
-            num(r.elapsed_s, "{:.1f} s")};
+        const double best =
+            r.eval_loss.empty() ? NAN : *std::min_element(r.eval_loss.begin(), r.eval_loss.end());
+        const std::vector<std::string> col = {r.dir,
+                                              std::to_string(r.world_size),
+                                              fmt::format("{:.0f}", r.step.back()),
+                                              num(r.loss.back()),
+                                              num(best),
+                                              num(mean(r.tokens_per_s, from), "{:.0f}"),
+                                              std::isfinite(mean(r.mfu, from))
+                                                  ? fmt::format("{:.1f}%", 100 * mean(r.mfu, from))
+                                                  : "-",
+                                              num(mean(r.step_time_s, from), "{:.3f} s"),
+                                              num(r.elapsed_s, "{:.1f} s")};
         for (size_t i = 0; i < rows.size(); ++i) rows[i].second.push_back(col[i]);
     }
     return rows;
@@ -168,10 +177,10 @@ std::vector<double> nice_ticks(double lo, double hi, int n) {
 
 std::string tick_label(double v) {
     const double a = std::fabs(v);
-    if (a >= 1e6) return fmt::format("{:g}M", v / 1e6);
-    if (a >= 1e4) return fmt::format("{:g}k", v / 1e3);
+    if (a >= 1e6) return fmt::format("{:.4g}M", v / 1e6);
+    if (a >= 1e4) return fmt::format("{:.4g}k", v / 1e3);
     if (a != 0 && a < 1e-3) return fmt::format("{:.1e}", v);
-    return fmt::format("{:g}", v);
+    return fmt::format("{:.4g}", v);
 }
 
 std::string plot_terminal(const std::vector<RunSeries>& runs, Metric m, int width, int height,

@@ -20,11 +20,20 @@ std::string escape(const std::string& s) {
     std::string out;
     for (char c : s) {
         switch (c) {
-            case '&': out += "&amp;"; break;
-            case '<': out += "&lt;"; break;
-            case '>': out += "&gt;"; break;
-            case '"': out += "&quot;"; break;
-            default: out += c;
+            case '&':
+                out += "&amp;";
+                break;
+            case '<':
+                out += "&lt;";
+                break;
+            case '>':
+                out += "&gt;";
+                break;
+            case '"':
+                out += "&quot;";
+                break;
+            default:
+                out += c;
         }
     }
     return out;
@@ -34,7 +43,9 @@ struct Frame {
     double x0, x1, y0, y1;
     double left = 64, right = 16, top = 34, bottom = 44, width = 560, height = 320;
     double px(double x) const { return left + (x - x0) / (x1 - x0) * (width - left - right); }
-    double py(double y) const { return height - bottom - (y - y0) / (y1 - y0) * (height - top - bottom); }
+    double py(double y) const {
+        return height - bottom - (y - y0) / (y1 - y0) * (height - top - bottom);
+    }
 };
 
 std::string axes(const Frame& f, const std::vector<double>& xt, const std::vector<double>& yt,
@@ -57,8 +68,9 @@ std::string axes(const Frame& f, const std::vector<double>& xt, const std::vecto
             f.px(x), f.top, f.px(x), f.height - f.bottom, f.px(x), f.height - f.bottom + 16,
             tick_label(x));
     }
-    s += fmt::format("<text x='{:.1f}' y='{:.1f}' font-size='12' text-anchor='middle'>step</text>\n",
-                     (f.left + f.width - f.right) / 2, f.height - 8);
+    s +=
+        fmt::format("<text x='{:.1f}' y='{:.1f}' font-size='12' text-anchor='middle'>step</text>\n",
+                    (f.left + f.width - f.right) / 2, f.height - 8);
     return s;
 }
 

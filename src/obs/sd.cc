@@ -17,8 +17,9 @@ void write_sd_targets(const std::string& path, const std::string& run,
                       const std::vector<ScrapeTarget>& targets) {
     nlohmann::json groups = nlohmann::json::array();
     for (const auto& t : targets) {
-        groups.push_back({{"targets", {fmt::format("{}:{}", t.host, t.port)}},
-                          {"labels", {{"apiary_run", run}, {"apiary_rank", std::to_string(t.rank)}}}});
+        groups.push_back(
+            {{"targets", {fmt::format("{}:{}", t.host, t.port)}},
+             {"labels", {{"apiary_run", run}, {"apiary_rank", std::to_string(t.rank)}}}});
     }
     const fs::path p(path);
     std::error_code ec;
@@ -29,9 +30,10 @@ void write_sd_targets(const std::string& path, const std::string& run,
         out << groups.dump(2) << "\n";
         out.flush();
         if (!out) {
-            throw IoError(fmt::format("{}: cannot write the Prometheus scrape targets (set "
-                                      "metrics.sd_file to a writable path)",
-                                      tmp));
+            throw IoError(
+                fmt::format("{}: cannot write the Prometheus scrape targets (set "
+                            "metrics.sd_file to a writable path)",
+                            tmp));
         }
     }
     fs::rename(tmp, path, ec);

@@ -51,25 +51,26 @@ Sensors::Sensors(std::string root) : root_(std::move(root)) {
     for (const auto& hw : entries(r / "class/hwmon", std::regex("hwmon[0-9]+"))) {
         const std::string chip = read_line((hw / "name").string());
         for (const auto& t : entries(hw, std::regex("temp[0-9]+_input"))) {
-            const std::string base = t.filename().string().substr(0, t.filename().string().find('_'));
+            const std::string base =
+                t.filename().string().substr(0, t.filename().string().find('_'));
             std::string label = read_line((hw / (base + "_label")).string());
             if (label.empty()) label = base;
-            temps_.push_back({t.string(), hw.filename().string() + "/" + (chip.empty() ? "?" : chip) +
-                                              "/" + label});
+            temps_.push_back({t.string(), hw.filename().string() + "/" +
+                                              (chip.empty() ? "?" : chip) + "/" + label});
         }
     }
     for (const auto& z : entries(r / "class/thermal", std::regex("thermal_zone[0-9]+"))) {
         if (!fs::exists(z / "temp")) continue;
         const std::string type = read_line((z / "type").string());
-        temps_.push_back({(z / "temp").string(),
-                          z.filename().string() + "/" + (type.empty() ? "?" : type)});
+        temps_.push_back(
+            {(z / "temp").string(), z.filename().string() + "/" + (type.empty() ? "?" : type)});
     }
     for (const auto& c : entries(r / "devices/system/cpu", std::regex("cpu[0-9]+"))) {
         const int cpu = std::atoi(c.filename().string().c_str() + 3);
         const fs::path f = c / "cpufreq";
         if (fs::exists(f / "scaling_cur_freq")) {
-            clocks_.push_back({cpu, (f / "scaling_cur_freq").string(),
-                               (f / "cpuinfo_max_freq").string()});
+            clocks_.push_back(
+                {cpu, (f / "scaling_cur_freq").string(), (f / "cpuinfo_max_freq").string()});
         }
         for (const char* n : {"core_throttle_count", "package_throttle_count"}) {
             if (fs::exists(c / "thermal_throttle" / n)) {
@@ -93,7 +94,8 @@ SensorReadings Sensors::read() const {
         out.clocks.push_back({c.cpu, *cur * 1e3, max ? *max * 1e3 : 0.0});
     }
     for (const auto& p : throttle_) {
-        if (auto v = read_number(p)) out.throttle_events = std::max<int64_t>(0, out.throttle_events) + int64_t(*v);
+        if (auto v = read_number(p))
+            out.throttle_events = std::max<int64_t>(0, out.throttle_events) + int64_t(*v);
     }
     return out;
 }

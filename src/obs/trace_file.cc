@@ -90,7 +90,7 @@ TraceSpan span_of(const json& e, const std::string& path, size_t index) {
 }  // namespace
 
 void write_trace_file(const std::string& path, const TraceMeta& m,
-                 const std::vector<core::trace::ThreadEvents>& threads) {
+                      const std::vector<core::trace::ThreadEvents>& threads) {
     json events = json::array();
     events.push_back({{"name", "process_name"},
                       {"ph", "M"},
@@ -181,7 +181,8 @@ std::vector<std::string> trace_files(const std::string& run_dir) {
     const std::regex re("rank_[0-9]{5}\\.json");
     std::error_code ec;
     for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-        if (std::regex_match(it->path().filename().string(), re)) out.push_back(it->path().string());
+        if (std::regex_match(it->path().filename().string(), re))
+            out.push_back(it->path().string());
     }
     if (out.empty()) {
         throw IoError(fmt::format(
@@ -206,8 +207,8 @@ std::string merge_traces(const std::string& run_dir, const std::string& out) {
                          {"file", fs::path(f).filename().string()},
                          {"sync_unix_ns", t.meta.sync_unix_ns}});
     }
-    const std::string path = out.empty() ? (fs::path(run_dir) / "trace" / "merged.json").string()
-                                         : out;
+    const std::string path =
+        out.empty() ? (fs::path(run_dir) / "trace" / "merged.json").string() : out;
     json doc = {{"traceEvents", events},
                 {"displayTimeUnit", "ms"},
                 {"otherData", {{"apiary_merged_trace", 1}, {"ranks", ranks}}}};

@@ -28,7 +28,7 @@ struct TraceMeta {
 
 // Writes the file whole or not at all (temporary name, then rename).
 void write_trace_file(const std::string& path, const TraceMeta& meta,
-                 const std::vector<core::trace::ThreadEvents>& threads);
+                      const std::vector<core::trace::ThreadEvents>& threads);
 
 struct TraceSpan {
     std::string name;

@@ -72,10 +72,14 @@ double* part_of(const std::vector<Node>& nodes, int i, PhaseSplit& p, bool& in_s
     if (eval) return &p.eval;
     if (ckpt) return &p.checkpoint;
     switch (own) {
-        case Kind::compute: return &p.compute;
-        case Kind::data: return &p.data_wait;
-        case Kind::optimizer: return &p.optimizer;
-        default: return &p.idle;  // the step itself, or spans of no known kind
+        case Kind::compute:
+            return &p.compute;
+        case Kind::data:
+            return &p.data_wait;
+        case Kind::optimizer:
+            return &p.optimizer;
+        default:
+            return &p.idle;  // the step itself, or spans of no known kind
     }
 }
 
@@ -199,11 +203,11 @@ std::string format_summary(const TraceSummary& s) {
                        "rank", "step", "compute", "exposed comm", "data wait", "optimizer",
                        "checkpoint", "eval", "idle", "comm/comp");
     for (const auto& [rank, p] : s.ranks) {
-        out += fmt::format("{:>5} {:9.2f} {:>15} {:>15} {:>15} {:>15} {:>15} {:>15} {:>15} {:>11}\n",
-                           rank, 1e3 * p.step, ms_pct(p.compute, p.step),
-                           ms_pct(p.exposed_comm, p.step), ms_pct(p.data_wait, p.step),
-                           ms_pct(p.optimizer, p.step), ms_pct(p.checkpoint, p.step),
-                           ms_pct(p.eval, p.step), ms_pct(p.idle, p.step), ratio(p.comm, p.compute));
+        out += fmt::format(
+            "{:>5} {:9.2f} {:>15} {:>15} {:>15} {:>15} {:>15} {:>15} {:>15} {:>11}\n", rank,
+            1e3 * p.step, ms_pct(p.compute, p.step), ms_pct(p.exposed_comm, p.step),
+            ms_pct(p.data_wait, p.step), ms_pct(p.optimizer, p.step), ms_pct(p.checkpoint, p.step),
+            ms_pct(p.eval, p.step), ms_pct(p.idle, p.step), ratio(p.comm, p.compute));
     }
     out += fmt::format(
         "\nper layer (forward + backward; milliseconds per step, mean over the ranks that run "

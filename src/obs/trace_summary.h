@@ -33,7 +33,7 @@ struct PhaseSplit {
 struct LayerSplit {
     std::string name;  // "embedding", "block 3", "head"
     int order = 0;
-    int ranks = 0;  // ranks that run it
+    int ranks = 0;                                   // ranks that run it
     double compute = 0, exposed_comm = 0, comm = 0;  // seconds per step, mean over those ranks
 };
 

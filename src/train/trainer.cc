@@ -207,8 +207,8 @@ class Trainer {
                         return b * t * layout_.dp();
                     }),
           engine_(spec_, layout_, world, B_, T_, engine_options(c)),
-          obs_(std::make_unique<obs::RunObserver>(c, world, peak_,
-                                                  [this](const std::string& line) { say("{}", line); })) {}
+          obs_(std::make_unique<obs::RunObserver>(
+              c, world, peak_, [this](const std::string& line) { say("{}", line); })) {}
 
     void init_fresh() { engine_.init(seed_); }
     // Loads weights, optimizer state, loss scaler and step from a checkpoint.

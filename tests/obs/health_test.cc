@@ -1,9 +1,10 @@
 // Sensors read from a fake sysfs tree, and the health decision on them.
 
+#include "obs/health.h"
+
 #include <gtest/gtest.h>
 
 #include "core/error.h"
-#include "obs/health.h"
 #include "obs/keys.h"
 #include "obs/sensors.h"
 #include "obs_test_util.h"
@@ -149,7 +150,8 @@ TEST(Keys, StepRanges) {
             parse_step_range(bad, "profile.steps");
             ADD_FAILURE() << bad << " was accepted";
         } catch (const ConfigError& e) {
-            EXPECT_NE(std::string(e.what()).find("profile.steps = '"), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find("profile.steps = '"), std::string::npos)
+                << e.what();
         }
     }
 }

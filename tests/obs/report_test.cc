@@ -1,6 +1,8 @@
 // Run reports from metrics.jsonl, the Prometheus endpoint over HTTP, and
 // the file-SD targets of a launch.
 
+#include "obs/report.h"
+
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -11,7 +13,6 @@
 
 #include "core/error.h"
 #include "obs/metrics.h"
-#include "obs/report.h"
 #include "obs/sd.h"
 #include "obs/sensors.h"
 #include "obs_test_util.h"
@@ -23,8 +24,8 @@ using testing::TempDir;
 using testing::write_file;
 
 std::string record(int step, double loss, double tps, double mfu) {
-    return nlohmann::json{{"step", step},           {"loss", loss},     {"tokens_per_s", tps},
-                          {"mfu", mfu},             {"step_time_s", 0.1}, {"elapsed_s", step * 0.1},
+    return nlohmann::json{{"step", step},   {"loss", loss},       {"tokens_per_s", tps},
+                          {"mfu", mfu},     {"step_time_s", 0.1}, {"elapsed_s", step * 0.1},
                           {"world_size", 2}}
                .dump() +
            "\n";
@@ -164,7 +165,8 @@ TEST(Metrics, ServesTheStepAndSensorsOverHttp) {
     EXPECT_NE(body.find("apiary_straggler_ratio{rank=\"3\",run=\"myrun\"} 2"), std::string::npos);
     EXPECT_NE(body.find("apiary_checkpoint_seconds{rank=\"3\",run=\"myrun\"} 1.5"),
               std::string::npos);
-    EXPECT_NE(body.find("apiary_temperature_celsius{rank=\"3\",run=\"myrun\",sensor=\"hwmon0/coretemp/temp1\"} 61"),
+    EXPECT_NE(body.find("apiary_temperature_celsius{rank=\"3\",run=\"myrun\",sensor=\"hwmon0/"
+                        "coretemp/temp1\"} 61"),
               std::string::npos)
         << body;
     EXPECT_NE(body.find("apiary_process_resident_bytes{"), std::string::npos);
@@ -179,9 +181,9 @@ TEST(Metrics, APortInUseIsAClearError) {
         MetricsServer second("127.0.0.1", port, 1, "r", nullptr);
         FAIL() << "two servers on one port";
     } catch (const IoError& e) {
-        EXPECT_NE(std::string(e.what()).find("cannot serve metrics on 127.0.0.1:" +
-                                             std::to_string(port)),
-                  std::string::npos)
+        EXPECT_NE(
+            std::string(e.what()).find("cannot serve metrics on 127.0.0.1:" + std::to_string(port)),
+            std::string::npos)
             << e.what();
     }
 }

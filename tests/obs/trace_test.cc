@@ -1,6 +1,8 @@
 // Spans recorded by core/trace.h, trace files written and read back, and
 // the summary's split of a step checked against a hand-built timeline.
 
+#include "core/trace.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -8,7 +10,6 @@
 #include <thread>
 
 #include "core/error.h"
-#include "core/trace.h"
 #include "obs/trace_file.h"
 #include "obs/trace_summary.h"
 #include "obs_test_util.h"
@@ -44,10 +45,14 @@ Event ev(const char* name, Kind kind, int64_t b_ms, int64_t e_ms, int layer = -1
 // 90-100. A worker thread's all-reduce 30-50 hides behind backward.
 std::vector<ThreadEvents> timeline() {
     ThreadEvents main{1, "main", {}};
-    main.events = {ev("step", Kind::step, 0, 100),        ev("data wait", Kind::data, 0, 5),
-                   ev("block forward", Kind::compute, 5, 25, 0), ev("tp wait", Kind::wait, 10, 15),
-                   ev("block backward", Kind::compute, 25, 60, 0), ev("dp wait", Kind::wait, 60, 70),
-                   ev("all_reduce", Kind::comm, 60, 68),   ev("optimizer", Kind::optimizer, 70, 90),
+    main.events = {ev("step", Kind::step, 0, 100),
+                   ev("data wait", Kind::data, 0, 5),
+                   ev("block forward", Kind::compute, 5, 25, 0),
+                   ev("tp wait", Kind::wait, 10, 15),
+                   ev("block backward", Kind::compute, 25, 60, 0),
+                   ev("dp wait", Kind::wait, 60, 70),
+                   ev("all_reduce", Kind::comm, 60, 68),
+                   ev("optimizer", Kind::optimizer, 70, 90),
                    ev("all_reduce", Kind::comm, 75, 80)};
     main.events[0].id = 10;
     ThreadEvents worker{2, "comm dp", {ev("all_reduce", Kind::comm, 30, 50)}};
@@ -104,7 +109,8 @@ TEST(Trace, FileRoundTripKeepsEverySpan) {
     EXPECT_EQ(f.end_ns, 25 * kMs);
     bool comm_args = false;
     for (const auto& s : t.spans) {
-        if (s.kind == Kind::comm) comm_args = s.bytes == 4096 && s.algorithm == "ring" && s.tag == "bucket";
+        if (s.kind == Kind::comm)
+            comm_args = s.bytes == 4096 && s.algorithm == "ring" && s.tag == "bucket";
     }
     EXPECT_TRUE(comm_args);
 }

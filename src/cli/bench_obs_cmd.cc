@@ -121,10 +121,16 @@ void bench_obs(const Args& a) {
     const core::ModelSpec& spec = core::preset(a.preset);
     parallel::Engine engine(spec, parallel::one_rank_layout(spec), nullptr, a.batch, a.seq, {});
     engine.init(1);
+    // Fresh random rows every round (the same for its three steps): a model
+    // shown one batch over and over would learn it, and the loss check below
+    // would no longer tell a broken step from a memorised batch.
     std::vector<int32_t> rows(size_t(a.batch) * size_t(a.seq + 1));
-    const core::Philox rng(7, 0);
-    for (size_t i = 0; i < rows.size(); ++i)
-        rows[i] = int32_t(rng.below(uint64_t(i), spec.vocab_size));
+    auto fill_rows = [&](int round) {
+        const core::Philox rng(7, uint64_t(round));
+        for (size_t i = 0; i < rows.size(); ++i) {
+            rows[i] = int32_t(rng.below(uint64_t(i), spec.vocab_size));
+        }
+    };
 
     const int port = a.port > 0 ? a.port : free_port();
     obs::HealthOptions ho;
@@ -137,6 +143,7 @@ void bench_obs(const Args& a) {
     std::vector<core::trace::ThreadEvents> kept;
     double loss = 0;
     for (int round = 0; round < a.warmup + a.rounds; ++round) {
+        fill_rows(round);
         for (int m = 0; m < 3; ++m) {
             scraper.on = m == 1;
             core::trace::set_on(m == 2);

@@ -183,20 +183,28 @@ std::string tick_label(double v) {
     return fmt::format("{:.4g}", v);
 }
 
-std::string plot_terminal(const std::vector<RunSeries>& runs, Metric m, int width, int height,
-                          bool color) {
-    const double scale = m == Metric::mfu ? 100.0 : 1.0;
-    double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
+bool Extent::empty() const { return !std::isfinite(x0); }
+
+Extent metric_extent(const std::vector<RunSeries>& runs, Metric m) {
+    Extent e{INFINITY, -INFINITY, INFINITY, -INFINITY, m == Metric::mfu ? 100.0 : 1.0};
     for (const auto& r : runs) {
         const auto& v = metric_values(r, m);
         for (size_t i = 0; i < v.size(); ++i) {
             if (!std::isfinite(v[i])) continue;
-            x0 = std::min(x0, r.step[i]), x1 = std::max(x1, r.step[i]);
-            y0 = std::min(y0, v[i] * scale), y1 = std::max(y1, v[i] * scale);
+            e.x0 = std::min(e.x0, r.step[i]), e.x1 = std::max(e.x1, r.step[i]);
+            e.y0 = std::min(e.y0, v[i] * e.scale), e.y1 = std::max(e.y1, v[i] * e.scale);
         }
     }
+    return e;
+}
+
+std::string plot_terminal(const std::vector<RunSeries>& runs, Metric m, int width, int height,
+                          bool color) {
+    const Extent e = metric_extent(runs, m);
     std::string out = fmt::format("{}\n", metric_title(m));
-    if (!std::isfinite(x0)) return out + "  (no values)\n";
+    if (e.empty()) return out + "  (no values)\n";
+    double x0 = e.x0, x1 = e.x1, y0 = e.y0, y1 = e.y1;
+    const double scale = e.scale;
     if (y1 <= y0) y0 -= 0.5, y1 += 0.5;
     if (x1 <= x0) x1 = x0 + 1;
     std::vector<std::string> grid(size_t(height), std::string(size_t(width), ' '));

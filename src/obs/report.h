@@ -36,6 +36,14 @@ enum class Metric { loss, tokens_per_s, mfu };
 const char* metric_title(Metric m);
 const std::vector<double>& metric_values(const RunSeries& r, Metric m);
 
+// The extent of a metric over every run's finite values (y in plotted
+// units: MFU in %). empty: no finite value.
+struct Extent {
+    double x0, x1, y0, y1, scale;
+    bool empty() const;
+};
+Extent metric_extent(const std::vector<RunSeries>& runs, Metric m);
+
 // A plot of one metric against steps, width x height characters of
 // plotting area, one marker (and with color, one ANSI color) per run.
 std::string plot_terminal(const std::vector<RunSeries>& runs, Metric m, int width, int height,

@@ -75,17 +75,9 @@ std::string axes(const Frame& f, const std::vector<double>& xt, const std::vecto
 }
 
 std::string chart(const std::vector<RunSeries>& runs, Metric m) {
-    const double scale = m == Metric::mfu ? 100.0 : 1.0;
-    double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
-    for (const auto& r : runs) {
-        const auto& v = metric_values(r, m);
-        for (size_t i = 0; i < v.size(); ++i) {
-            if (!std::isfinite(v[i])) continue;
-            x0 = std::min(x0, r.step[i]), x1 = std::max(x1, r.step[i]);
-            y0 = std::min(y0, v[i] * scale), y1 = std::max(y1, v[i] * scale);
-        }
-    }
-    if (!std::isfinite(x0)) return "";
+    const Extent e = metric_extent(runs, m);
+    if (e.empty()) return "";
+    const double x0 = e.x0, x1 = e.x1, y0 = e.y0, y1 = e.y1, scale = e.scale;
     const auto yt = nice_ticks(y0, y1, 5);
     const auto xt = nice_ticks(x0, x1, 6);
     Frame f{std::min(x0, xt.front()), std::max(x1 > x0 ? x1 : x0 + 1, xt.back()),

@@ -17,15 +17,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from obs_util import wait_for, write_sensors  # noqa: E402
+from obs_util import check, finish, wait_for, write_sensors  # noqa: E402
 
-FAILED = []
-
-
-def check(cond, what):
-    print(("ok: " if cond else "FAIL: ") + what)
-    if not cond:
-        FAILED.append(what)
 
 
 def command(apiary, tmp, run_dir, action, steps):
@@ -125,8 +118,7 @@ def main():
         checkpoint(apiary, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{0 if FAILED else 1} passed, {1 if FAILED else 0} failed")
-    sys.exit(1 if FAILED else 0)
+    finish()
 
 
 if __name__ == "__main__":

@@ -104,3 +104,19 @@ def wait_for(what, fn, timeout):
             last = e
         time.sleep(0.5)
     raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+
+
+FAILED = []
+
+
+def check(cond, what):
+    """Records one expectation; finish() reports them all."""
+    print(("ok: " if cond else "FAIL: ") + what)
+    if not cond:
+        FAILED.append(what)
+
+
+def finish():
+    """The closing line ctest and CI read, and the exit code."""
+    print(f"{0 if FAILED else 1} passed, {1 if FAILED else 0} failed")
+    raise SystemExit(1 if FAILED else 0)

@@ -12,14 +12,10 @@ import sys
 import tempfile
 import zlib
 
-FAILED = []
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from obs_util import check, finish  # noqa: E402
+
 COLORS = {"run a": (0x1F, 0x77, 0xB4), "run b": (0xD6, 0x27, 0x28)}  # report_html.cc's first two
-
-
-def check(cond, what):
-    print(("ok: " if cond else "FAIL: ") + what)
-    if not cond:
-        FAILED.append(what)
 
 
 def read_png(path):
@@ -133,8 +129,7 @@ def main():
     finally:
         if len(sys.argv) <= 2:
             shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{0 if FAILED else 1} passed, {1 if FAILED else 0} failed")
-    sys.exit(1 if FAILED else 0)
+    finish()
 
 
 if __name__ == "__main__":

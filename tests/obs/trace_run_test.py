@@ -13,13 +13,9 @@ import subprocess
 import sys
 import tempfile
 
-FAILED = []
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from obs_util import check, finish  # noqa: E402
 
-
-def check(cond, what):
-    print(("ok: " if cond else "FAIL: ") + what)
-    if not cond:
-        FAILED.append(what)
 
 
 def run(cmd, **kw):
@@ -121,8 +117,7 @@ def main():
               "a directory without traces is named")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{0 if FAILED else 1} passed, {1 if FAILED else 0} failed")
-    sys.exit(1 if FAILED else 0)
+    finish()
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <stdexcept>
 
 #include "core/error.h"
@@ -91,11 +92,91 @@ json write_chunks(const std::string& dir, const std::string& file,
     return {{"file", file}, {"bytes", d.bytes}, {"xxh64", hex(d.xxh64)}, {"chunks", listed}};
 }
 
+namespace {
+
+std::string piece_name(const void* data, size_t n) {
+    const XXH128_hash_t h = XXH3_128bits(data, n);
+    return fmt::format("{:016x}{:016x}", h.high64, h.low64);
+}
+
+fs::path piece_path(const fs::path& blob_dir, const std::string& hash) {
+    return blob_dir / hash.substr(0, 2) / hash;
+}
+
+// The blob directory of a checkpoint directory: <run>/ckpt/blobs.
+fs::path blob_dir_of(const std::string& ckpt_dir) {
+    return fs::path(ckpt_dir).parent_path() / "blobs";
+}
+
+}  // namespace
+
+json write_chunks_incremental(const std::string& blob_dir, const std::vector<Chunk>& chunks,
+                              int64_t piece_bytes) {
+    APIARY_CHECK(piece_bytes >= 4 && piece_bytes % 4 == 0, "piece size {} bytes", piece_bytes);
+    json listed = json::array();
+    uint64_t written = 0, reused = 0;
+    for (const auto& c : chunks) {
+        const size_t nbytes = size_t(c.count) * sizeof(float);
+        const char* data = reinterpret_cast<const char*>(c.data);
+        json pieces = json::array();
+        for (size_t at = 0; at < nbytes; at += size_t(piece_bytes)) {
+            const size_t n = std::min(nbytes - at, size_t(piece_bytes));
+            const std::string hash = piece_name(data + at, n);
+            const fs::path path = piece_path(blob_dir, hash);
+            if (fs::exists(path) && fs::file_size(path) == n) {
+                reused += n;
+            } else {
+                fs::create_directories(path.parent_path());
+                atomic_write(path.string(), data + at, n);
+                written += n;
+            }
+            pieces.push_back(hash);
+        }
+        listed.push_back({{"tensor", c.tensor},
+                          {"kind", c.kind},
+                          {"pieces", pieces},
+                          {"piece_bytes", piece_bytes},
+                          {"placement", placement_json(c.place)},
+                          {"begin", c.begin},
+                          {"count", c.count},
+                          {"xxh64", hex(XXH64(c.data, nbytes, 0))}});
+    }
+    return {{"chunks", listed}, {"bytes_written", written}, {"bytes_reused", reused}};
+}
+
+int64_t remove_unreferenced_pieces(const std::string& blob_dir,
+                                   const std::vector<std::string>& kept_dirs) {
+    if (!fs::is_directory(blob_dir)) return 0;
+    std::set<std::string> referenced;
+    for (const auto& dir : kept_dirs) {
+        std::ifstream in(fs::path(dir) / kManifestFile);
+        if (!in) continue;
+        const json m = json::parse(in, nullptr, false);
+        if (!m.is_object() || !m.contains("chunks")) continue;
+        for (const auto& c : m["chunks"]) {
+            if (!c.contains("pieces")) continue;
+            for (const auto& h : c["pieces"]) referenced.insert(h.get<std::string>());
+        }
+    }
+    int64_t removed = 0;
+    for (const auto& sub : fs::directory_iterator(blob_dir)) {
+        if (!sub.is_directory()) continue;
+        for (const auto& f : fs::directory_iterator(sub.path())) {
+            if (referenced.count(f.path().filename().string())) continue;
+            fs::remove(f.path());
+            ++removed;
+        }
+    }
+    return removed;
+}
+
 void write_manifest(const std::string& dir, const std::vector<json>& parts, json meta) {
     json files = json::object(), chunks = json::array();
     for (const auto& part : parts) {
-        files[part["file"].get<std::string>()] = {{"bytes", part["bytes"]},
-                                                  {"xxh64", part["xxh64"]}};
+        if (part.contains("file")) {
+            files[part["file"].get<std::string>()] = {{"bytes", part["bytes"]},
+                                                      {"xxh64", part["xxh64"]}};
+        }
         for (const auto& c : part["chunks"]) chunks.push_back(c);
     }
     meta["files"] = files;
@@ -132,16 +213,35 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
         try {
             s.tensor = c.at("tensor").get<std::string>();
             s.kind = c.at("kind").get<std::string>();
-            s.file = c.at("file").get<std::string>();
-            s.key = c.at("key").get<std::string>();
             s.xxh64 = c.at("xxh64").get<std::string>();
+            if (c.contains("pieces")) {
+                s.pieces = c.at("pieces").get<std::vector<std::string>>();
+                s.piece_bytes = c.at("piece_bytes").get<int64_t>();
+            } else {
+                s.file = c.at("file").get<std::string>();
+                s.key = c.at("key").get<std::string>();
+            }
         } catch (const json::exception& e) {
             throw IoError(fmt::format("{}: malformed: {}", w, e.what()));
         }
-        check_file_name(s.file, w);
-        if (!files_.contains(s.file)) {
-            throw IoError(
-                fmt::format("{}: names file '{}', which 'files' does not list", w, s.file));
+        if (c.contains("pieces")) {
+            // Content hashes only: a piece's name can never leave the blob directory.
+            for (const auto& h : s.pieces) {
+                if (h.size() != 32 ||
+                    h.find_first_not_of("0123456789abcdef") != std::string::npos) {
+                    throw IoError(fmt::format("{}: piece name '{}' is not a content hash", w, h));
+                }
+            }
+            if (s.piece_bytes < 4 || s.piece_bytes % 4 != 0) {
+                throw IoError(fmt::format("{}: piece_bytes {} is not a whole number of floats", w,
+                                          s.piece_bytes));
+            }
+        } else {
+            check_file_name(s.file, w);
+            if (!files_.contains(s.file)) {
+                throw IoError(
+                    fmt::format("{}: names file '{}', which 'files' does not list", w, s.file));
+            }
         }
         s.place = placement_from(c.at("placement"), w + " '" + s.tensor + "'");
         s.begin = json_int(c, "begin", w);
@@ -261,16 +361,7 @@ void CheckpointReader::read(const std::string& kind, const std::string& tensor,
     auto data_of = [&](size_t ci) -> const float* {
         auto found = loaded.find(ci);
         if (found != loaded.end()) return found->second.data();
-        const StoredChunk& c = chunks_[ci];
-        std::vector<float> buf(size_t(c.count));
-        file(c.file).read_bytes(c.key, 0, buf.size() * sizeof(float), buf.data());
-        if (!c.xxh64.empty() && hex(XXH64(buf.data(), buf.size() * sizeof(float), 0)) != c.xxh64) {
-            throw IoError(
-                fmt::format("{}/{}: {} tensor '{}' elements [{}, {}): xxh64 does not "
-                            "match the manifest's {} (the file is corrupted)",
-                            dir_, c.file, c.kind, c.tensor, c.begin, c.begin + c.count, c.xxh64));
-        }
-        return loaded.emplace(ci, std::move(buf)).first->second.data();
+        return loaded.emplace(ci, chunk_data(chunks_[ci])).first->second.data();
     };
     want.for_each_run(
         [&](int64_t g, int64_t l, int64_t len) {
@@ -320,18 +411,46 @@ void CheckpointReader::verify_files() const {
     }
 }
 
-void CheckpointReader::verify_chunks() const {
-    for (const auto& c : chunks_) {
-        if (c.xxh64.empty()) continue;
-        std::vector<float> buf(size_t(c.count));
-        file(c.file).read_bytes(c.key, 0, buf.size() * sizeof(float), buf.data());
-        if (hex(XXH64(buf.data(), buf.size() * sizeof(float), 0)) != c.xxh64) {
-            throw IoError(
-                fmt::format("{}/{}: {} tensor '{}' elements [{}, {}): xxh64 does not "
-                            "match the manifest's {} (the file is corrupted)",
-                            dir_, c.file, c.kind, c.tensor, c.begin, c.begin + c.count, c.xxh64));
+std::vector<float> CheckpointReader::chunk_data(const StoredChunk& c) const {
+    std::vector<float> buf(size_t(c.count));
+    const size_t nbytes = buf.size() * sizeof(float);
+    std::string where = fmt::format("{}/{}", dir_, c.file);
+    if (c.pieces.empty()) {
+        file(c.file).read_bytes(c.key, 0, nbytes, buf.data());
+    } else {
+        char* out = reinterpret_cast<char*>(buf.data());
+        size_t at = 0;
+        for (const auto& h : c.pieces) {
+            const fs::path path = piece_path(blob_dir_of(dir_), h);
+            const size_t n = std::min(nbytes - std::min(at, nbytes), size_t(c.piece_bytes));
+            std::ifstream in(path, std::ios::binary);
+            if (!in || n == 0 || !in.read(out + at, std::streamsize(n)) ||
+                piece_name(out + at, n) != h) {
+                throw IoError(
+                    fmt::format("{}: piece of {} tensor '{}' missing, short or "
+                                "corrupted (its content no longer has the hash that "
+                                "names it)",
+                                path.string(), c.kind, c.tensor));
+            }
+            at += n;
         }
+        if (at != nbytes) {
+            throw IoError(fmt::format("{}: {} tensor '{}' has {} bytes in its pieces, {} expected",
+                                      dir_, c.kind, c.tensor, at, nbytes));
+        }
+        where = blob_dir_of(dir_).string();
     }
+    if (!c.xxh64.empty() && hex(XXH64(buf.data(), nbytes, 0)) != c.xxh64) {
+        throw IoError(
+            fmt::format("{}: {} tensor '{}' elements [{}, {}): xxh64 does not match "
+                        "the manifest's {} (the file is corrupted)",
+                        where, c.kind, c.tensor, c.begin, c.begin + c.count, c.xxh64));
+    }
+    return buf;
+}
+
+void CheckpointReader::verify_chunks() const {
+    for (const auto& c : chunks_) chunk_data(c);
 }
 
 std::string CheckpointReader::check_coverage() const {

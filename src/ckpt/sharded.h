@@ -40,6 +40,20 @@ struct Chunk {
 nlohmann::json write_chunks(const std::string& dir, const std::string& file,
                             const std::vector<Chunk>& chunks);
 
+// Incremental saves: each chunk's bytes are cut into pieces of piece_bytes,
+// each stored once as a file named by its XXH3-128 content hash under
+// blob_dir (<run>/ckpt/blobs/ab/<hash>); a piece an earlier save already
+// stored (the same bytes) is referred to, not written again. Returns the
+// rank's manifest part (chunks listing their pieces) with "bytes_written"
+// and "bytes_reused".
+nlohmann::json write_chunks_incremental(const std::string& blob_dir,
+                                        const std::vector<Chunk>& chunks, int64_t piece_bytes);
+
+// Removes every piece under blob_dir that none of the given checkpoint
+// directories' manifests refers to; returns how many were removed.
+int64_t remove_unreferenced_pieces(const std::string& blob_dir,
+                                   const std::vector<std::string>& kept_dirs);
+
 // Writes manifest.json from every rank's part and the checkpoint's own
 // description (step, model, layout, data and optimizer state...), which
 // becomes its top level. Atomic; called after every rank's file is on disk.
@@ -76,15 +90,21 @@ class CheckpointReader {
     // Files and their recorded bytes.
     const nlohmann::json& files() const { return files_; }
     size_t num_chunks() const { return chunks_.size(); }
+    // Stored as content-addressed pieces (an incremental save).
+    bool incremental() const { return !chunks_.empty() && !chunks_.front().pieces.empty(); }
 
   private:
     struct StoredChunk {
         std::string tensor, kind, file, key;
+        std::vector<std::string> pieces;  // incremental: content hashes, in order
+        int64_t piece_bytes = 0;
         core::Placement place;
         int64_t begin = 0, count = 0;
         std::string xxh64;  // empty: checked by the whole file's digest (version 1)
     };
     const SafetensorsFile& file(const std::string& name) const;
+    // A stored chunk's floats, checked against its xxh64.
+    std::vector<float> chunk_data(const StoredChunk& c) const;
     void open_v1();
     std::string dir_;
     nlohmann::json meta_, files_;

@@ -12,12 +12,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -38,6 +41,8 @@ struct Options {
     std::string hosts;
     std::vector<std::string> extra;
     bool dry_run = false;
+    int max_restarts = 0;
+    int min_ranks = 0;
     std::vector<std::string> args;
 };
 
@@ -163,13 +168,38 @@ int supervise(std::vector<char*>& argv) {
     }
 }
 
-void run(const Options& o) {
+// The run directory a `train` command writes (for progress between
+// restarts), or "" when the command is not training.
+std::string run_dir_of(const std::vector<std::string>& args) {
+    if (args.empty() || args[0] != "train") return "";
+    std::string config;
+    std::vector<std::string> sets;
+    for (size_t i = 1; i + 1 < args.size(); ++i) {
+        if (args[i] == "--config") config = args[i + 1];
+        if (args[i] == "--set") sets.push_back(args[i + 1]);
+        if (args[i] == "--resume") return args[i + 1];
+    }
+    try {
+        return load_config(config, sets).get_string("run.dir");
+    } catch (const Error&) {
+        return "";  // the ranks report the config error themselves
+    }
+}
+
+std::string latest_of(const std::string& run_dir) {
+    std::ifstream in(std::filesystem::path(run_dir) / "ckpt" / "latest");
+    std::string name;
+    std::getline(in, name);
+    return name;
+}
+
+int run_once(const Options& o, int restart) {
     const auto cmd = build(o);
     std::string line;
     for (const auto& a : cmd) line += (line.empty() ? "" : " ") + quote(a);
     if (o.dry_run) {
         fmt::print("{}\n", line);
-        return;
+        return 0;
     }
     // Prometheus finds the ranks' metrics endpoints in this file.
     const std::string targets = write_launch_targets(o.ranks, o.hosts, o.args);
@@ -177,8 +207,43 @@ void run(const Options& o) {
     std::vector<char*> argv;
     for (const auto& a : cmd) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
+    if (restart > 0) ::setenv("APIARY_RESTART", std::to_string(restart).c_str(), 1);
     std::fflush(stdout);
-    set_exit_code(supervise(argv));
+    return supervise(argv);
+}
+
+// With --max-restarts the job is supervised: when it fails (not when it
+// completes, nor when a stop signal ended it with 130) it is started again,
+// continuing from its latest checkpoint, up to the limit. With --min-ranks,
+// a restart that fails again without a new checkpoint halves the ranks
+// (not below the minimum): a rank that cannot come back is left out.
+void run(Options o) {
+    const bool train = !o.args.empty() && o.args[0] == "train";
+    if (o.max_restarts > 0 && train &&
+        std::find(o.args.begin(), o.args.end(), "--auto-resume") == o.args.end() &&
+        std::find(o.args.begin(), o.args.end(), "--resume") == o.args.end()) {
+        o.args.insert(o.args.begin() + 1, "--auto-resume");
+    }
+    const std::string run_dir = o.max_restarts > 0 ? run_dir_of(o.args) : "";
+    std::string before = latest_of(run_dir);
+    int code = run_once(o, 0);
+    // 75: stopped for its health (health.action = checkpoint): the scheduler
+    // moves it; a restart here would meet the same hot machine.
+    for (int restart = 1; restart <= o.max_restarts && code != 0 && code != 130 && code != 75;
+         ++restart) {
+        const std::string now = latest_of(run_dir);
+        if (o.min_ranks > 0 && restart > 1 && now == before && o.ranks / 2 >= o.min_ranks) {
+            o.ranks /= 2;
+        }
+        before = now;
+        fmt::print(stderr,
+                   "apiary launch: the job exited with {}; restart {} of {} on {} ranks from "
+                   "{}\n",
+                   code, restart, o.max_restarts, o.ranks,
+                   now.empty() ? "the start" : "checkpoint " + now);
+        code = run_once(o, restart);
+    }
+    set_exit_code(code);
 }
 
 void setup(CLI::App& app) {
@@ -201,6 +266,15 @@ void setup(CLI::App& app) {
         ->allow_extra_args(false);
     cmd->add_flag("--dry-run", o.dry_run, "print the command instead of running it");
     cmd->add_option("args", o.args, "the apiary command to run, after --");
+    cmd->add_option("--max-restarts", o.max_restarts,
+                    "supervise the job: restart it from its latest checkpoint when it fails, up "
+                    "to this many times (train runs get --auto-resume)")
+        ->check(CLI::Range(0, 1000))
+        ->capture_default_str();
+    cmd->add_option("--min-ranks", o.min_ranks,
+                    "with --max-restarts: a restart that fails again without progress halves the "
+                    "ranks, not below this (the run needs train.elastic to keep its batch)")
+        ->check(CLI::Range(0, 1 << 20));
     cmd->callback([] { run(o); });
 }
 

@@ -32,6 +32,7 @@ void setup(CLI::App& app) {
     static bool overwrite = false;
     static std::string resume_dir;
     static bool previous_good = false;
+    static bool auto_resume = false;
     cmd->add_option("--config", config_file, "TOML config file (keys: `apiary config keys`)")
         ->check(CLI::ExistingFile);
     cmd->add_option("--set", sets, "override a config key: --set train.lr=1e-3 (repeatable)");
@@ -42,6 +43,9 @@ void setup(CLI::App& app) {
     cmd->add_flag("--resume-from-previous-good", previous_good,
                   "with --resume: if the latest checkpoint is damaged, continue from the newest "
                   "intact earlier one");
+    cmd->add_flag("--auto-resume", auto_resume,
+                  "continue run.dir from its latest checkpoint if it has one, else start it "
+                  "(for job scripts that are requeued, and `apiary launch --max-restarts`)");
     cmd->callback([] {
         // Under mpirun/srun every rank runs this; one MPI session per process.
         std::unique_ptr<comm::MpiSession> mpi;
@@ -54,6 +58,20 @@ void setup(CLI::App& app) {
             // leaving the others waiting in a collective.
             set_abort_hook([](int code) { comm::abort_mpi(code); });
         };
+        if (auto_resume) {
+            if (!resume_dir.empty()) {
+                throw ConfigError(
+                    "--auto-resume finds the run from run.dir: do not combine it "
+                    "with --resume");
+            }
+            const std::string dir = load_config(config_file, sets).get_string("run.dir");
+            if (std::filesystem::exists(std::filesystem::path(dir) / "ckpt" / "latest")) {
+                resume_dir = dir;
+                config_file.clear();
+                std::erase_if(sets,
+                              [](const std::string& s) { return s.rfind("run.dir=", 0) == 0; });
+            }
+        }
         if (!resume_dir.empty()) {
             if (!config_file.empty() || overwrite) {
                 throw ConfigError(

@@ -27,7 +27,8 @@ struct MetricsServer::State {
     const Sensors* sensors = nullptr;
     // Cumulative over the run.
     double phase_totals[5] = {0, 0, 0, 0, 0};
-    double checkpoint_s = 0, checkpoint_bytes = 0, checkpoint_unix_s = 0, checkpoints = 0;
+    double checkpoint_s = 0, checkpoint_stall_s = 0, checkpoint_bytes = 0, checkpoint_unix_s = 0,
+           checkpoints = 0;
     double health_events = 0;
     double start_unix_s = 0;
     // CPU utilisation between two scrapes.
@@ -199,9 +200,13 @@ class Collector : public prometheus::Collectable {
                       s_->phase_totals[i], {{"phase", kPhases[i]}});
         }
         if (s_->checkpoints > 0) {
-            b.gauge("apiary_checkpoint_seconds", "duration of the last checkpoint save",
+            b.gauge("apiary_checkpoint_seconds", "duration of the last save, from start to commit",
                     s_->checkpoint_s);
-            b.gauge("apiary_checkpoint_bytes", "bytes of the last checkpoint (this rank wrote)",
+            b.gauge("apiary_checkpoint_stall_seconds",
+                    "time the last save held up training (the whole save unless async)",
+                    s_->checkpoint_stall_s);
+            b.gauge("apiary_checkpoint_bytes",
+                    "bytes the last checkpoint wrote (all ranks; incremental: new pieces only)",
                     s_->checkpoint_bytes);
             b.gauge("apiary_checkpoint_timestamp_seconds", "unix time of the last checkpoint",
                     s_->checkpoint_unix_s);
@@ -253,9 +258,10 @@ void MetricsServer::update(const StepValues& v) {
     for (int i = 0; i < 5; ++i) state_->phase_totals[i] += phases[i];
 }
 
-void MetricsServer::add_checkpoint(double seconds, double bytes, double unix_s) {
+void MetricsServer::add_checkpoint(double seconds, double stall_s, double bytes, double unix_s) {
     std::lock_guard<std::mutex> lock(state_->mu);
     state_->checkpoint_s = seconds;
+    state_->checkpoint_stall_s = stall_s;
     state_->checkpoint_bytes = bytes;
     state_->checkpoint_unix_s = unix_s;
     state_->checkpoints += 1;

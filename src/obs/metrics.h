@@ -54,7 +54,7 @@ class MetricsServer {
 
     void update(const StepValues& v);
     // Cumulative phase seconds, checkpoint and health counters.
-    void add_checkpoint(double seconds, double bytes, double unix_s);
+    void add_checkpoint(double seconds, double stall_s, double bytes, double unix_s);
     void add_health_event();
     void set_eval_loss(double loss);
     int port() const { return port_; }

@@ -199,8 +199,8 @@ void RunObserver::eval_done(double loss) {
     if (metrics_) metrics_->set_eval_loss(loss);
 }
 
-void RunObserver::checkpoint_done(double seconds, double bytes) {
-    if (metrics_) metrics_->add_checkpoint(seconds, bytes, double(unix_ns()) * 1e-9);
+void RunObserver::checkpoint_done(double seconds, double stall_s, double bytes) {
+    if (metrics_) metrics_->add_checkpoint(seconds, stall_s, bytes, double(unix_ns()) * 1e-9);
 }
 
 void RunObserver::finish() {

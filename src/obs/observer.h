@@ -58,7 +58,9 @@ class RunObserver {
     double busy_seconds() const { return busy_s_; }
     AfterStep after_step(const StepReport& r);
     void eval_done(double loss);
-    void checkpoint_done(double seconds, double bytes);
+    // A committed save: from start to commit, the training thread's stall,
+    // and the bytes written (all ranks).
+    void checkpoint_done(double seconds, double stall_s, double bytes);
     void finish();
     // The reason the job stopped for its health ("" if it did not).
     const std::string& stop_reason() const { return stop_reason_; }

@@ -55,6 +55,7 @@ double AdamW::step(float* params, const float* grads, float lr, float grad_scale
     }
     ++t_;
     for (const auto& r : ranges_) {
+        if (r.frozen) continue;
         // The part of this parameter inside the shard this optimizer owns.
         const int64_t lo = std::max(r.offset, begin_);
         const int64_t hi = std::min(r.offset + r.numel, end_);

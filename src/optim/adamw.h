@@ -23,6 +23,9 @@ struct ParamRange {
     // over tensor-parallel ranks, a tied embedding's second copy), so that
     // the sum of every rank's grad_norm()^2 is the global norm squared.
     bool in_norm = true;
+    // Not trained (fine-tuning with frozen layers): step() leaves the
+    // parameters and their state as they are.
+    bool frozen = false;
     int64_t param_at() const { return param_offset < 0 ? offset : param_offset; }
     int64_t grad_at() const { return grad_offset < 0 ? offset : grad_offset; }
 };

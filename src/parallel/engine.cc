@@ -115,8 +115,14 @@ void Engine::build_optimizer(const EngineOptions& o) {
     const auto& entries = model_->registry().entries();
     const int zero = layout_.zero_stage;
     // A gradient counts in the global norm on one rank only.
+    auto frozen = [&](const model::ParamInfo& e) {
+        for (const auto& prefix : o.freeze) {
+            if (e.name.rfind(prefix, 0) == 0) return true;
+        }
+        return false;
+    };
     auto counted = [&](const model::ParamInfo& e) {
-        if (e.tied_copy) return false;
+        if (e.tied_copy || frozen(e)) return false;
         if (coord_.tp != 0 && !e.split()) return false;
         return zero > 0 || coord_.dp == 0;
     };
@@ -125,6 +131,7 @@ void Engine::build_optimizer(const EngineOptions& o) {
         for (const auto& e : entries) {
             optim::ParamRange r{e.offset, e.numel(), e.decay};
             r.in_norm = counted(e);
+            r.frozen = frozen(e);
             ranges_.push_back(r);
         }
         adam_ = std::make_unique<optim::AdamW>(ranges_, model_->flat_size(), o.adamw);
@@ -141,6 +148,7 @@ void Engine::build_optimizer(const EngineOptions& o) {
             if (zero < 3) r.param_offset = lo;
             if (zero == 1) r.grad_offset = lo;
             r.in_norm = counted(e);
+            r.frozen = frozen(e);
             ranges_.push_back(r);
         }
     }

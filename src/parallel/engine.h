@@ -41,6 +41,8 @@ struct EngineOptions {
     optim::LossScalerOptions loss_scaler;  // used when precision is fp16
     double bucket_mb = 25.0;
     bool bf16_wire = false;  // gradients cross the data-parallel wire in bf16
+    // Global tensor names starting with any of these are not trained.
+    std::vector<std::string> freeze;
 };
 
 // What one optimizer step did, the same on every rank.

@@ -3,10 +3,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "ckpt/safetensors.h"
@@ -17,6 +21,7 @@ namespace apiary::train {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -86,6 +91,10 @@ int64_t packed_offset(const std::vector<std::pair<int64_t, int64_t>>& ranges, in
 
 void barrier(comm::ProcessGroup* world, const char* what) {
     if (world) world->barrier({what, 0})->wait();
+}
+
+double since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 json layout_json(const parallel::ParallelLayout& l) {
@@ -158,23 +167,12 @@ core::ModelSpec spec_from_json(const json& j, const std::string& where) {
     }
 }
 
-std::string save_checkpoint(parallel::Engine& engine, const std::string& run_dir, int64_t step,
-                            const json& meta, int64_t keep) {
-    comm::ProcessGroup* world = engine.world();
-    const fs::path root = fs::path(run_dir) / "ckpt";
-    const std::string name = fmt::format("step_{:08d}", step);
-    const fs::path dir = root / name;
-    if (engine.main_rank()) {
-        remove_partial_saves(root);
-        // An older complete save of this step (a run resumed from before it)
-        // becomes partial first, so a crash now cannot leave it half replaced.
-        fs::remove(dir / ckpt::kManifestFile);
-        fs::create_directories(dir);
-    }
-    barrier(world, "ckpt_dir");
-    // This rank's chunks: its piece of every tensor of its shard; tensors
-    // every tensor-parallel rank holds whole are saved by the first, a tied
-    // embedding's second copy not at all.
+namespace {
+
+// This rank's chunks: its piece of every tensor of its shard; tensors every
+// tensor-parallel rank holds whole are saved by the first, a tied
+// embedding's second copy not at all. They point into the live buffers.
+std::vector<ckpt::Chunk> rank_chunks(parallel::Engine& engine) {
     const model::Transformer& m = engine.model();
     const auto ranges = saved_ranges(engine);
     const int zero = engine.zero_stage();
@@ -195,26 +193,182 @@ std::string save_checkpoint(parallel::Engine& engine, const std::string& run_dir
                 {e.name, "adam_v", place, lo - e.offset, hi - lo, engine.optimizer().v() + at});
         }
     }
-    const json part = ckpt::write_chunks(
-        dir.string(), fmt::format("rank_{:05d}.safetensors", engine.world_rank()), chunks);
-    const std::vector<std::string> parts = world ? comm::all_gather_strings(*world, part.dump())
-                                                 : std::vector<std::string>{part.dump()};
-    if (engine.main_rank()) {
-        std::vector<json> parsed;
-        for (const auto& p : parts) parsed.push_back(json::parse(p));
-        json full = meta;
-        full["format"] = kCheckpointFormat;
-        full["version"] = kCheckpointVersion;
-        full["step"] = step;
-        full["model"] = spec_to_json(m.spec());
-        full["layout"] = layout_json(engine.layout());
-        full["optimizer_steps"] = engine.optimizer().step_count();
-        ckpt::write_manifest(dir.string(), parsed, full);
-        ckpt::atomic_write((root / "latest").string(), name.data(), name.size());
-        apply_retention(run_dir, step, keep);
+    return chunks;
+}
+
+}  // namespace
+
+struct CheckpointSaver::Pending {
+    int64_t step = 0;
+    json meta;
+    std::string dir;
+    std::vector<ckpt::Chunk> chunks;
+    std::thread writer;
+    std::atomic<bool> done{false};
+    std::string part;  // this rank's manifest part (or {"error": ...}) once done
+    Clock::time_point started;
+    double stall_s = 0;
+};
+
+CheckpointSaver::CheckpointSaver(parallel::Engine& engine, std::string run_dir, SaveOptions options)
+    : engine_(engine), run_dir_(std::move(run_dir)), options_(options) {}
+
+CheckpointSaver::~CheckpointSaver() {
+    // Not committed: the manifest is missing, so the next save removes it.
+    if (pending_ && pending_->writer.joinable()) pending_->writer.join();
+}
+
+void CheckpointSaver::save(int64_t step, const json& meta) {
+    poll(true);  // at most one save in flight
+    const auto t0 = Clock::now();
+    comm::ProcessGroup* world = engine_.world();
+    const fs::path root = fs::path(run_dir_) / "ckpt";
+    auto p = std::make_unique<Pending>();
+    p->step = step;
+    p->meta = meta;
+    p->started = t0;
+    p->dir = (root / fmt::format("step_{:08d}", step)).string();
+    if (engine_.main_rank()) {
+        remove_partial_saves(root);
+        // An older complete save of this step (a run resumed from before it)
+        // becomes partial first, so a crash now cannot leave it half replaced.
+        fs::remove(fs::path(p->dir) / ckpt::kManifestFile);
+        fs::create_directories(p->dir);
     }
-    barrier(world, "ckpt_done");
-    return dir.string();
+    barrier(world, "ckpt_dir");
+    p->chunks = rank_chunks(engine_);
+    if (options_.async) {
+        // The training thread only copies this rank's part aside.
+        int64_t floats = 0;
+        for (const auto& c : p->chunks) floats += c.count;
+        if (snapshot_.numel() != floats) {
+            snapshot_ = core::Tensor({floats}, core::DType::f32, core::MemCategory::buffers);
+        }
+        float* at = snapshot_.f32();
+        for (auto& c : p->chunks) {
+            std::memcpy(at, c.data, size_t(c.count) * sizeof(float));
+            c.data = at;
+            at += c.count;
+        }
+    }
+    auto write = [this, pp = p.get()] {
+        try {
+            const json part =
+                options_.incremental
+                    ? ckpt::write_chunks_incremental(
+                          (fs::path(run_dir_) / "ckpt" / "blobs").string(), pp->chunks,
+                          options_.piece_bytes)
+                    : ckpt::write_chunks(
+                          pp->dir, fmt::format("rank_{:05d}.safetensors", engine_.world_rank()),
+                          pp->chunks);
+            pp->part = part.dump();
+        } catch (const std::exception& e) {
+            pp->part =
+                json{{"error", fmt::format("rank {}: {}", engine_.world_rank(), e.what())}}.dump();
+        }
+        pp->done.store(true);
+    };
+    pending_ = std::move(p);
+    if (options_.async) {
+        pending_->writer = std::thread(write);
+        pending_->stall_s = since(t0);
+        return;
+    }
+    write();
+    pending_->stall_s = since(t0);
+    commit();
+}
+
+bool CheckpointSaver::poll(bool wait) {
+    if (!pending_) return false;
+    if (wait && pending_->writer.joinable()) pending_->writer.join();
+    // Every rank's write must be done: agreed by all ranks at the same call.
+    int64_t done = pending_->done.load() ? 1 : 0;
+    if (comm::ProcessGroup* world = engine_.world()) {
+        world->all_reduce(&done, 1, core::DType::i64, comm::ReduceOp::sum, {"ckpt_done", 0})
+            ->wait();
+        done = done == world->size() ? 1 : 0;
+    }
+    if (!done) return false;
+    if (pending_->writer.joinable()) pending_->writer.join();
+    commit();
+    return true;
+}
+
+void CheckpointSaver::commit() {
+    comm::ProcessGroup* world = engine_.world();
+    std::unique_ptr<Pending> p = std::move(pending_);
+    const std::vector<std::string> parts =
+        world ? comm::all_gather_strings(*world, p->part) : std::vector<std::string>{p->part};
+    SaveStats st;
+    st.step = p->step;
+    st.dir = p->dir;
+    st.stall_s = p->stall_s;
+    std::vector<json> parsed;
+    for (const auto& text : parts) {
+        parsed.push_back(json::parse(text));
+        const json& j = parsed.back();
+        if (j.contains("error") && st.error.empty()) st.error = j["error"].get<std::string>();
+        st.bytes_written += j.value("bytes_written", j.value("bytes", uint64_t(0)));
+        st.bytes_reused += j.value("bytes_reused", uint64_t(0));
+    }
+    if (engine_.main_rank()) {
+        const fs::path root = fs::path(run_dir_) / "ckpt";
+        if (!st.error.empty()) {
+            // Nothing of this save is kept; `latest` still names the last good one.
+            fs::remove_all(p->dir);
+        } else {
+            const model::Transformer& m = engine_.model();
+            json full = p->meta;
+            full["format"] = kCheckpointFormat;
+            full["version"] = kCheckpointVersion;
+            full["step"] = p->step;
+            full["model"] = spec_to_json(m.spec());
+            full["layout"] = layout_json(engine_.layout());
+            full["optimizer_steps"] = engine_.optimizer().step_count();
+            try {
+                ckpt::write_manifest(p->dir, parsed, full);
+                const std::string name = fs::path(p->dir).filename().string();
+                ckpt::atomic_write((root / "latest").string(), name.data(), name.size());
+                apply_retention(run_dir_, p->step, options_.keep);
+                if (options_.incremental) {
+                    std::vector<std::string> kept;
+                    for (const auto& [s, dir] : list_checkpoints(run_dir_)) kept.push_back(dir);
+                    ckpt::remove_unreferenced_pieces((root / "blobs").string(), kept);
+                }
+            } catch (const std::exception& e) {
+                st.error = e.what();
+                fs::remove_all(p->dir);
+            }
+        }
+        if (!st.error.empty()) {
+            fmt::print(stderr,
+                       "apiary: warning: the checkpoint of step {} failed ({}); the previous "
+                       "checkpoint stays the latest\n",
+                       p->step, st.error);
+        }
+    }
+    // The first rank's verdict (a manifest write may fail there only).
+    if (world) {
+        int64_t failed = st.error.empty() ? 0 : 1;
+        world->all_reduce(&failed, 1, core::DType::i64, comm::ReduceOp::max, {"ckpt_ok", 0})
+            ->wait();
+        if (failed && st.error.empty()) st.error = "failed on another rank (see its log)";
+    }
+    st.total_s = since(p->started);
+    last_ = st;
+}
+
+std::string save_checkpoint(parallel::Engine& engine, const std::string& run_dir, int64_t step,
+                            const json& meta, int64_t keep) {
+    SaveOptions o;
+    o.keep = keep;
+    CheckpointSaver saver(engine, run_dir, o);
+    saver.save(step, meta);
+    if (!saver.last().error.empty()) {
+        throw IoError(fmt::format("checkpoint of step {} failed: {}", step, saver.last().error));
+    }
+    return saver.last().dir;
 }
 
 void load_checkpoint(parallel::Engine& engine, const CheckpointRef& ck) {
@@ -294,7 +448,8 @@ namespace {
 CheckpointRef open_checked(const std::string& dir, bool full) {
     CheckpointRef ref;
     ref.dir = dir;
-    const bool v1 = !fs::exists(fs::path(dir) / ckpt::kManifestFile);
+    const bool v1 =
+        !fs::exists(fs::path(dir) / ckpt::kManifestFile) && fs::exists(fs::path(dir) / "meta.json");
     const std::string where = (fs::path(dir) / (v1 ? "meta.json" : ckpt::kManifestFile)).string();
     if (!fs::exists(where))
         throw IoError(fmt::format("{}: missing (checkpoint incomplete)", where));
@@ -320,7 +475,7 @@ CheckpointRef open_checked(const std::string& dir, bool full) {
         throw IoError(fmt::format("{}: no 'model' description (checkpoint damaged)", where));
     }
     spec_from_json(ref.meta["model"], where);  // throws IoError if malformed
-    if (reader.files().empty()) {
+    if (reader.files().empty() && !reader.incremental()) {
         throw IoError(
             fmt::format("{}: no 'files' with sizes and checksums (checkpoint damaged, "
                         "or written before checkpoints were checksummed)",
@@ -338,7 +493,10 @@ CheckpointRef open_checked(const std::string& dir, bool full) {
                                       path.string(), fs::file_size(path), where, bytes));
         }
     }
-    if (full || v1) reader.verify_files();
+    if (full || v1) {
+        reader.verify_files();
+        if (reader.incremental()) reader.verify_chunks();  // every piece by its hash
+    }
     return ref;
 }
 

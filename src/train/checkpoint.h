@@ -40,9 +40,61 @@ core::ModelSpec spec_from_json(const nlohmann::json& j, const std::string& where
 int64_t meta_int(const nlohmann::json& j, const std::string& key, int64_t lo, int64_t hi,
                  const std::string& where);
 
-// Collective over the engine's ranks: every rank writes its file, the first
-// writes the manifest (with `meta` at its top level), then `latest`; then
-// keeps only the newest `keep` checkpoints (0: all). Returns the directory.
+struct SaveOptions {
+    int64_t keep = 0;          // checkpoints kept (0: all)
+    bool async = false;        // write in a background thread while training goes on
+    bool incremental = false;  // content-addressed pieces: unchanged bytes are not rewritten
+    int64_t piece_bytes = int64_t(4) << 20;
+};
+
+// What the last committed (or failed) save did, over every rank.
+struct SaveStats {
+    int64_t step = -1;
+    std::string dir;
+    double stall_s = 0;          // the training thread's time in save()
+    double total_s = 0;          // from save() to the commit
+    uint64_t bytes_written = 0;  // by every rank
+    uint64_t bytes_reused = 0;   // incremental: pieces an earlier save stored
+    std::string error;           // non-empty: the save failed; the previous one stays latest
+};
+
+// Saves checkpoints of one run. Every call is collective over the engine's
+// ranks: each writes its own part (its file, or its pieces), the first
+// writes the manifest (with the caller's `meta` at its top level) once all
+// have, then `latest`, then applies retention. With async, save() copies
+// this rank's part to a buffer of its own (the stall) and a background
+// thread writes it while training goes on; poll() commits it once every
+// rank's write is done. At most one save is in flight: a save() while one
+// is waits for it first. A failed write is reported in SaveStats::error
+// (and on stderr by the first rank); the previous checkpoint stays latest.
+class CheckpointSaver {
+  public:
+    CheckpointSaver(parallel::Engine& engine, std::string run_dir, SaveOptions options);
+    ~CheckpointSaver();
+    CheckpointSaver(const CheckpointSaver&) = delete;
+    CheckpointSaver& operator=(const CheckpointSaver&) = delete;
+    // Sync: returns once committed. Async: once the background write started.
+    void save(int64_t step, const nlohmann::json& meta);
+    // Commits a finished async save (wait: blocks until it is). Collective:
+    // call on every rank at the same points (the trainer: after each step).
+    // Returns true when a save was committed or failed now.
+    bool poll(bool wait);
+    bool in_flight() const { return pending_ != nullptr; }
+    const SaveStats& last() const { return last_; }
+
+  private:
+    struct Pending;
+    void commit();
+    parallel::Engine& engine_;
+    std::string run_dir_;
+    SaveOptions options_;
+    core::Tensor snapshot_;  // async: this rank's part, copied
+    std::unique_ptr<Pending> pending_;
+    SaveStats last_;
+};
+
+// A synchronous save (CheckpointSaver with default options); returns the
+// directory written. Throws IoError if it fails.
 std::string save_checkpoint(parallel::Engine& engine, const std::string& run_dir, int64_t step,
                             const nlohmann::json& meta, int64_t keep = 0);
 // Every rank reads its parameters and optimizer state (and AdamW's step

@@ -40,6 +40,38 @@ void add_keys(core::Schema& s) {
     s.add_int("train.ckpt_keep", 0,
               "checkpoints kept in ckpt/: older ones are removed after each save (0: keep all)", 0,
               1e9);
+    s.add_bool("train.ckpt_async", false,
+               "write checkpoints in a background thread: the step only copies this rank's part "
+               "aside (at most one save in flight)");
+    s.add_bool("train.ckpt_incremental", false,
+               "store checkpoints as content-addressed pieces in ckpt/blobs: a save writes only "
+               "the pieces that changed since a kept checkpoint (frozen layers, fine-tuning)");
+    s.add_real("train.ckpt_piece_mb", 4.0, "size of an incremental checkpoint's pieces, in MiB",
+               0.001, 1e4);
+    s.add_real("train.ckpt_mtbf_hours", 0.0,
+               "mean time between failures of the job's machines: with it, the optimal "
+               "checkpoint interval (Young/Daly, from the measured save cost) is logged after "
+               "the first save",
+               0.0, 1e9);
+    s.add_bool("train.ckpt_every_auto", false,
+               "with train.ckpt_mtbf_hours: save at that optimal interval instead of "
+               "train.ckpt_every");
+    s.add_string("train.freeze", "",
+                 "parameters not trained: comma-separated prefixes of their names, e.g. "
+                 "\"wte.,h.0.,h.1.\" (fine-tuning)");
+    s.add_bool("train.rollback", false,
+               "on a non-finite loss or gradient norm, or a loss spike (train.spike_zscore), "
+               "roll back to the last checkpoint and skip the offending batch (recorded in "
+               "later checkpoints, so a resume skips it too)");
+    s.add_real("train.spike_zscore", 0.0,
+               "a loss this many standard deviations above the mean of the last "
+               "train.spike_window steps is a spike (0: only non-finite values are)",
+               0.0, 1e9);
+    s.add_int("train.spike_window", 50, "steps the loss spike statistics are taken over", 2, 1e9);
+    s.add_int("train.max_rollbacks", 3, "rollbacks before the run stops with an error", 0, 1e9);
+    s.add_bool("train.elastic", false,
+               "resuming on another number of data-parallel ranks keeps the global batch by "
+               "scaling train.grad_accum (as `apiary launch --min-ranks` restarts need)");
 
     s.add_real("train.loss_scale_init", 65536.0, "fp16: initial dynamic loss scale", 1.0, 1e30);
     s.add_int("train.loss_scale_growth_interval", 1000,
@@ -47,8 +79,9 @@ void add_keys(core::Schema& s) {
     s.add_real("train.loss_scale_min", 1.0,
                "fp16: the run stops with an error if the loss scale falls below this", 1e-30, 1e30);
     s.add_string("debug.inject_overflow_steps", "",
-                 "testing hook: comma-separated steps (1-based) whose gradients are made "
-                 "non-finite, to exercise the overflow path");
+                 "testing hook: comma-separated batches (1-based loader batch numbers: the step "
+                 "unless batches were skipped) whose gradients are made non-finite, to exercise "
+                 "the overflow and rollback paths");
 
     s.add_string("data.corpus", "kjv",
                  "training text when data.sources is empty: 'kjv' (the King James Bible from "

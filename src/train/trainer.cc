@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -27,6 +29,7 @@
 #include "obs/observer.h"
 #include "parallel/engine.h"
 #include "parallel/layout.h"
+#include "plan/totals.h"
 #include "train/checkpoint.h"
 #include "train/run_dir.h"
 #include "train/schedule.h"
@@ -42,16 +45,6 @@ namespace {
 
 double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// Bytes of the files under dir (a checkpoint's size).
-double directory_bytes(const std::string& dir) {
-    double bytes = 0;
-    std::error_code ec;
-    for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-        if (it->is_regular_file(ec)) bytes += double(it->file_size(ec));
-    }
-    return bytes;
 }
 
 std::string format_duration(double s) {
@@ -168,6 +161,20 @@ parallel::EngineOptions engine_options(const core::Config& c) {
                      c.get_real("train.loss_scale_min")};
     o.bucket_mb = c.get_real("comm.bucket_mb");
     o.bf16_wire = c.get_string("comm.grad_dtype") == "bf16";
+    std::stringstream ss(c.get_string("train.freeze"));
+    for (std::string prefix; std::getline(ss, prefix, ',');) {
+        if (!prefix.empty()) o.freeze.push_back(prefix);
+    }
+    return o;
+}
+
+SaveOptions save_options(const core::Config& c) {
+    SaveOptions o;
+    o.keep = c.get_int("train.ckpt_keep");
+    o.async = c.get_bool("train.ckpt_async");
+    o.incremental = c.get_bool("train.ckpt_incremental");
+    o.piece_bytes =
+        std::max<int64_t>(4, int64_t(c.get_real("train.ckpt_piece_mb") * 1048576.0) / 4 * 4);
     return o;
 }
 
@@ -207,10 +214,13 @@ class Trainer {
                         return b * t * layout_.dp();
                     }),
           engine_(spec_, layout_, world, B_, T_, engine_options(c)),
+          saver_(engine_, run_dir_, save_options(c)),
           obs_(std::make_unique<obs::RunObserver>(
               c, world, peak_, [this](const std::string& line) { say("{}", line); })) {}
 
     void init_fresh() { engine_.init(seed_); }
+    // This run is the k-th restart of a supervised job (apiary launch).
+    void set_restart(int k) { restart_ = k; }
     // Loads weights, optimizer state, loss scaler and step from a checkpoint.
     void load(const CheckpointRef& ck);
     TrainSummary run(bool append_metrics);
@@ -251,14 +261,25 @@ class Trainer {
     void restore_data(const CheckpointRef& ck);
     void print_banner(double unigram);
     json step_record(int64_t step, const parallel::StepResult& r, double lr);
-    std::string save(int64_t step) {
+    // Starts a save (committed at once, or by a later poll when async).
+    void save(int64_t step) {
         APIARY_TRACE("checkpoint", core::trace::Kind::checkpoint, -1, -1, nullptr, step);
-        const auto t0 = Clock::now();
-        std::string dir = save_checkpoint(engine_, run_dir_, step, checkpoint_meta(step),
-                                          c_.get_int("train.ckpt_keep"));
-        obs_->checkpoint_done(seconds_since(t0), main_rank() ? directory_bytes(dir) : 0.0);
-        return dir;
+        if (saver_.poll(true)) note_save(*metrics_);  // the one in flight first
+        saver_.save(step, checkpoint_meta(step));
+        if (!saver_.in_flight()) note_save(*metrics_);  // a synchronous save, committed
     }
+    // Records a committed or failed save in metrics.jsonl, the console and
+    // the rank's metrics, and sets the Young/Daly interval after the first
+    // save when asked.
+    void note_save(std::optional<MetricsLog>& metrics);
+    // The next batch to train on, past the skipped ones.
+    const data::Batch& next_batch(int64_t step);
+    // Loss or gradients that cannot be trained on: non-finite, or a spike.
+    std::string bad_step(const parallel::StepResult& r);
+    // Back to the latest checkpoint, never to train on `batch` again;
+    // returns the step the run continues after.
+    int64_t roll_back(int64_t step, int64_t batch, const std::string& why,
+                      std::optional<MetricsLog>& metrics);
     obs::StepReport step_report(int64_t step, const parallel::StepResult& r, double lr, double dt,
                                 double data_wait, const data::Batch& batch) const;
     bool main_rank() const { return engine_.main_rank(); }
@@ -299,6 +320,7 @@ class Trainer {
                 // generation keeps its window within it.
                 {"seq_len", T_},
                 {"tokens", schedule_.tokens_before(step)},
+                {"skipped_batches", skip_batches_},
                 {"loss_scaler", engine_.loss_scaler().state()}};
     }
 
@@ -319,6 +341,17 @@ class Trainer {
     LrSchedule schedule_;
     parallel::Engine engine_;
     int64_t start_step_ = 0;
+    CheckpointSaver saver_;
+    // Loader batch numbers (1-based) never trained on: the batches a
+    // rollback skipped. Saved in every checkpoint, so a resume skips them.
+    std::set<int64_t> skip_batches_;
+    int64_t rollbacks_ = 0;
+    int restart_ = 0;
+    std::optional<MetricsLog>* metrics_ = nullptr;  // run()'s log (the first rank's)
+    int64_t ckpt_every_ = 0;  // the Young/Daly interval, with train.ckpt_every_auto
+    bool ckpt_interval_logged_ = false;
+    double last_step_s_ = 0;
+    std::deque<double> recent_losses_;  // for the spike test
     std::ofstream rank_log_;
     std::unique_ptr<obs::RunObserver> obs_;  // metrics, health, traces
 };
@@ -336,6 +369,10 @@ void Trainer::load(const CheckpointRef& ck) {
                         ck.dir, saved.dump(), have.dump()));
     }
     load_checkpoint(engine_, ck);
+    skip_batches_.clear();
+    if (ck.meta.contains("skipped_batches")) {
+        for (const auto& b : ck.meta["skipped_batches"]) skip_batches_.insert(b.get<int64_t>());
+    }
     auto& scaler = engine_.loss_scaler();
     if (ck.meta.contains("loss_scaler")) scaler.restore(ck.meta["loss_scaler"]);
     // Every step either updated the weights or was skipped for overflow.
@@ -352,6 +389,116 @@ void Trainer::load(const CheckpointRef& ck) {
                         "raise it with --set train.steps=N to train further",
                         run_dir_, start_step_, steps_));
     }
+}
+
+const data::Batch& Trainer::next_batch(int64_t step) {
+    for (;;) {
+        const data::Batch& b = train_data_->next_batch();
+        APIARY_CHECK(b.step >= step && b.B % accum_ == 0,
+                     "loader batch of step {} with {} rows at step {}, grad_accum {}", b.step, b.B,
+                     step, accum_);
+        if (!skip_batches_.count(b.step + 1)) return b;
+        note(fmt::format("step {}: batch {} skipped (a rollback left it out)", step + 1,
+                         b.step + 1));
+    }
+}
+
+std::string Trainer::bad_step(const parallel::StepResult& r) {
+    const double loss = r.loss();
+    if (!std::isfinite(loss)) return fmt::format("the loss is {}", loss);
+    if (!std::isfinite(r.grad_norm) && !engine_.loss_scaler().enabled()) {
+        return fmt::format("the gradient norm is {}", r.grad_norm);
+    }
+    const double z_limit = c_.get_real("train.spike_zscore");
+    const size_t window = size_t(c_.get_int("train.spike_window"));
+    std::string why;
+    if (z_limit > 0 && recent_losses_.size() >= std::max<size_t>(2, window / 2)) {
+        double mean = 0, var = 0;
+        for (double l : recent_losses_) mean += l;
+        mean /= double(recent_losses_.size());
+        for (double l : recent_losses_) var += (l - mean) * (l - mean);
+        const double sd = std::sqrt(var / double(recent_losses_.size() - 1));
+        const double z = sd > 0 ? (loss - mean) / sd : 0.0;
+        if (z > z_limit) {
+            why = fmt::format(
+                "the loss {:.4f} is {:.1f} standard deviations above the mean "
+                "{:.4f} of the last {} steps (train.spike_zscore = {})",
+                loss, z, mean, recent_losses_.size(), z_limit);
+        }
+    }
+    if (why.empty()) {
+        recent_losses_.push_back(loss);
+        if (recent_losses_.size() > window) recent_losses_.pop_front();
+    }
+    return why;
+}
+
+int64_t Trainer::roll_back(int64_t step, int64_t batch, const std::string& why,
+                           std::optional<MetricsLog>& metrics) {
+    if (++rollbacks_ > c_.get_int("train.max_rollbacks")) {
+        throw Error(
+            fmt::format("step {}: {}; {} rollbacks already (train.max_rollbacks): the "
+                        "run is unstable; lower train.lr or inspect the data",
+                        step + 1, why, rollbacks_ - 1));
+    }
+    saver_.poll(true);
+    const std::vector<std::pair<int64_t, std::string>> saved = list_checkpoints(run_dir_);
+    if (saved.empty()) {
+        throw Error(
+            fmt::format("step {}: {}; there is no checkpoint to roll back to (set "
+                        "train.ckpt_every)",
+                        step + 1, why));
+    }
+    const CheckpointRef ck = latest_checkpoint(run_dir_);
+    skip_batches_.insert(batch);
+    say("\nstep {}: {}: rolling back to step {} and skipping batch {}\n", step + 1, why, ck.step,
+        batch);
+    const std::set<int64_t> skips = skip_batches_;
+    load(ck);
+    skip_batches_.insert(skips.begin(), skips.end());
+    recent_losses_.clear();
+    if (metrics) {
+        // Records after the checkpoint are written again by the replayed steps.
+        const std::string path = metrics->path();
+        metrics.reset();
+        truncate_metrics(run_dir_, ck.step);
+        metrics.emplace(path, true);
+        metrics->write({{"step", ck.step},
+                        {"event", "rollback"},
+                        {"at_step", step + 1},
+                        {"skipped_batch", batch},
+                        {"reason", why}});
+    }
+    return ck.step;
+}
+
+void Trainer::note_save(std::optional<MetricsLog>& metrics) {
+    const SaveStats& st = saver_.last();
+    if (st.step < 0) return;
+    if (st.error.empty()) obs_->checkpoint_done(st.total_s, st.stall_s, double(st.bytes_written));
+    if (metrics) {
+        json rec = {{"step", st.step},
+                    {"event", "checkpoint"},
+                    {"stall_s", st.stall_s},
+                    {"save_s", st.total_s},
+                    {"bytes_written", st.bytes_written},
+                    {"bytes_reused", st.bytes_reused}};
+        if (!st.error.empty()) rec["error"] = st.error;
+        metrics->write(rec);
+    }
+    const double mtbf_h = c_.get_real("train.ckpt_mtbf_hours");
+    if (mtbf_h <= 0 || !st.error.empty() || ckpt_interval_logged_) return;
+    ckpt_interval_logged_ = true;
+    // Young/Daly: the interval that loses least to saves and to failures,
+    // from what this save stalled training for.
+    const double cost = std::max(st.stall_s, 1e-3);
+    const double interval_s = plan::daly_interval_s(cost, mtbf_h * 3600.0);
+    const double step_s = std::max(1e-6, last_step_s_);
+    const int64_t every = std::max<int64_t>(1, int64_t(interval_s / step_s + 0.5));
+    say("{}checkpoint cost {:.3f} s, MTBF {} h: the Young/Daly interval is {:.0f} s = {} steps{}\n",
+        "", cost, mtbf_h, interval_s, every,
+        c_.get_bool("train.ckpt_every_auto") ? " (used from now on)" : "");
+    if (c_.get_bool("train.ckpt_every_auto")) ckpt_every_ = every;
 }
 
 double Trainer::evaluate() {
@@ -386,11 +533,18 @@ void Trainer::restore_data(const CheckpointRef& ck) {
                         where, hash, data_.tokenizer_hash, data_.manifest));
     }
     train_data_->restore(ck.meta["loader"]);
-    if (train_data_->step() != ck.step) {
+    // Each skipped batch the loader has passed is one batch more than steps.
+    int64_t skipped = 0;
+    if (ck.meta.contains("skipped_batches") && ck.meta["skipped_batches"].is_array()) {
+        for (const auto& b : ck.meta["skipped_batches"]) {
+            if (b.is_number_integer() && b.get<int64_t>() <= train_data_->step()) ++skipped;
+        }
+    }
+    if (train_data_->step() != ck.step + skipped) {
         throw IoError(
-            fmt::format("{}: the loader state is at step {}, the checkpoint at step {} "
-                        "(checkpoint damaged)",
-                        where, train_data_->step(), ck.step));
+            fmt::format("{}: the loader state is at batch {}, the checkpoint at step {} "
+                        "with {} batches skipped (checkpoint damaged)",
+                        where, train_data_->step(), ck.step, skipped));
     }
 }
 
@@ -482,7 +636,15 @@ obs::StepReport Trainer::step_report(int64_t step, const parallel::StepResult& r
 TrainSummary Trainer::run(bool append_metrics) {
     open_rank_log(append_metrics);
     std::optional<MetricsLog> metrics;
+    metrics_ = &metrics;
     if (main_rank()) metrics.emplace((fs::path(run_dir_) / kMetricsFile).string(), append_metrics);
+    if (metrics && restart_ > 0) {
+        metrics->write({{"step", start_step_},
+                        {"event", "restart"},
+                        {"restart", restart_},
+                        {"world_size", engine_.world_size()},
+                        {"layout", layout_.describe()}});
+    }
     // The unigram baseline is computed by the first rank only (it prints it).
     const double unigram = main_rank() ? unigram_entropy() : 0.0;
     print_banner(unigram);
@@ -511,20 +673,26 @@ TrainSummary Trainer::run(bool append_metrics) {
         // rows of T_t per micro-step, which vary under a curriculum.
         const data::Batch& batch = [&]() -> const data::Batch& {
             APIARY_TRACE("data wait", core::trace::Kind::data);
-            return train_data_->next_batch();
+            return next_batch(step);
         }();
         const double data_wait = seconds_since(t0);
-        APIARY_CHECK(batch.step == step && batch.B % accum_ == 0,
-                     "loader batch of step {} with {} rows at step {}, grad_accum {}", batch.step,
-                     batch.B, step, accum_);
+        const int64_t batch_number = batch.step + 1;
         const double lr = schedule_.at(step);
         // Testing hook: an overflowing loss scale on the last data-parallel
         // rank only; the reductions carry it to every rank.
-        const bool poison = inject_.count(step + 1) && coord_.dp == layout_.dp() - 1;
+        const bool poison = inject_.count(batch_number) && coord_.dp == layout_.dp() - 1;
         engine_.set_rank_signals(obs_->poll_health(), obs_->busy_seconds());
         const parallel::StepResult r = engine_.train_step(batch.tokens.data(), batch.B, batch.T, lr,
                                                           core::stop_requested(), poison);
         stop = r.stop;
+        if (c_.get_bool("train.rollback")) {
+            if (const std::string why = bad_step(r); !why.empty()) {
+                step = roll_back(step, batch_number, why, metrics) - 1;
+                window_loss = window_time = window_flops = 0;
+                window_steps = window_tokens = 0;
+                continue;
+            }
+        }
         if (!r.applied && !engine_.loss_scaler().enabled()) {
             throw Error(
                 fmt::format("non-finite gradients at step {} (norm {}): training "
@@ -537,6 +705,7 @@ TrainSummary Trainer::run(bool append_metrics) {
                 tty ? "\r\033[K" : "", step + 1, engine_.loss_scaler().scale());
         }
         const double dt = seconds_since(t0);
+        last_step_s_ = dt;
         const double loss = r.loss();
         if (!std::isfinite(loss)) {
             throw Error(
@@ -603,7 +772,9 @@ TrainSummary Trainer::run(bool append_metrics) {
             window_loss = window_time = window_flops = 0;
             window_steps = window_tokens = 0;
         }
-        if (ckpt_every > 0 && (step + 1) % ckpt_every == 0 && !last) save(step + 1);
+        const int64_t every = ckpt_every_ > 0 ? ckpt_every_ : ckpt_every;
+        if (every > 0 && (step + 1) % every == 0 && !last) save(step + 1);
+        if (saver_.poll(false)) note_save(metrics);
     }
     if (stop && !summary.health_stop.empty()) {
         say("\nstopping after step {} for health ({}): saving a checkpoint (move the job, then "
@@ -621,7 +792,15 @@ TrainSummary Trainer::run(bool append_metrics) {
     summary.final_eval_loss = last_eval;
     summary.skipped_steps = engine_.loss_scaler().skipped_steps();
     summary.loss_scale = engine_.loss_scaler().scale();
-    summary.checkpoint_dir = save(step);
+    save(step);
+    if (saver_.poll(true)) note_save(metrics);
+    if (!saver_.last().error.empty()) {
+        throw IoError(
+            fmt::format("the final checkpoint (step {}) failed: {}; the latest intact "
+                        "one is still in {}/ckpt",
+                        step, saver_.last().error, run_dir_));
+    }
+    summary.checkpoint_dir = saver_.last().dir;
     const auto mem = core::mem_stats();
     if (metrics) {
         json peak_bytes;
@@ -678,6 +857,25 @@ void save_tokenizer(const std::string& run_dir, const TrainData& d) {
                        d.tokenizer_json.size());
 }
 
+// train.elastic: a checkpoint saved by more (or fewer) data-parallel ranks
+// continues with the same global batch, its micro-steps scaled.
+core::Config elastic_config(const core::Config& c, const CheckpointRef& ck, int world_size) {
+    if (!c.get_bool("train.elastic") || !ck.meta.contains("layout")) return c;
+    const int64_t saved_dp = ck.meta["layout"].value("dp", int64_t(1));
+    const comm::MeshShape mesh = comm::mesh_shape_from(c, world_size);
+    const int64_t accum = c.get_int("train.grad_accum");
+    if (saved_dp == mesh.dp) return c;
+    if ((saved_dp * accum) % mesh.dp != 0) {
+        throw ConfigError(fmt::format(
+            "train.elastic: the checkpoint's global batch is {} data-parallel ranks x {} "
+            "micro-steps; {} ranks cannot keep it (their count must divide {})",
+            saved_dp, accum, mesh.dp, saved_dp * accum));
+    }
+    core::Config out = c;
+    out.set(fmt::format("train.grad_accum={}", saved_dp * accum / mesh.dp));
+    return out;
+}
+
 // Every rank holds the same config (checked by hash) and the layout fits
 // the world; errors here come before any rank allocates.
 void check_world(const core::Config& c, comm::ProcessGroup* world) {
@@ -729,7 +927,10 @@ TrainSummary resume_training(const core::Config& c, comm::ProcessGroup* world, b
         if (!skipped.empty()) fmt::print(stderr, "apiary: resuming from {}\n", ck.dir);
     }
     const TrainData data = shared_train_data(c, world);
-    Trainer trainer(c, data, world);
+    const core::Config adjusted = elastic_config(c, ck, world ? world->size() : 1);
+    Trainer trainer(adjusted, data, world);
+    if (const char* restart = std::getenv("APIARY_RESTART"))
+        trainer.set_restart(std::atoi(restart));
     try {
         trainer.load(ck);
     } catch (const IoError& e) {

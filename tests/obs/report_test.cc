@@ -156,7 +156,7 @@ TEST(Metrics, ServesTheStepAndSensorsOverHttp) {
     v.busy_s = 2;
     v.busy_min_s = 1;
     m.update(v);
-    m.add_checkpoint(1.5, 1000, 1e9);
+    m.add_checkpoint(1.5, 0.25, 1000, 1e9);
     const std::string body = http_get(port, "/metrics");
     EXPECT_NE(body.find("apiary_step{rank=\"3\",run=\"myrun\"} 42"), std::string::npos) << body;
     EXPECT_NE(body.find("apiary_loss{rank=\"3\",run=\"myrun\"} 2.5"), std::string::npos);

@@ -29,6 +29,10 @@ packages=(
     nginx-light
     # sim/ pictures: `apiary sim --svg x.png` and the tests render SVG with it
     librsvg2-bin
+    # obs/ tests: a real Prometheus (and promtool) scrapes a training on
+    # loopback; the rules and dashboard are read with PyYAML; the HTML run
+    # report is rendered by headless Chromium
+    prometheus python3-yaml chromium
     # data/ s3:// tests run an S3 store on loopback: Ceph's radosgw with one
     # monitor and one in-memory OSD; curl's CLI uploads with its own SigV4
     ceph-mon ceph-osd radosgw curl

@@ -292,6 +292,7 @@ void setup(CLI::App& app) {
     add_bench_comm_command(cmd);
     add_bench_ddp_command(cmd);
     add_bench_ckpt_command(cmd);
+    add_bench_obs_command(cmd);
     add_bench_data_commands(cmd);
 }
 

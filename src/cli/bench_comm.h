@@ -11,6 +11,9 @@ namespace apiary::cli {
 void add_bench_comm_command(CLI::App* bench);
 // `apiary bench ddp` (bench_ddp_cmd.cc).
 void add_bench_ddp_command(CLI::App* bench);
+// `apiary bench ckpt` (bench_ckpt_cmd.cc).
 void add_bench_ckpt_command(CLI::App* bench);
+// `apiary bench obs` (bench_obs_cmd.cc).
+void add_bench_obs_command(CLI::App* bench);
 
 }  // namespace apiary::cli

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/launch_targets.h"
 #include "core/error.h"
 #include "core/signals.h"
 #include "core/threads.h"
@@ -200,6 +201,9 @@ int run_once(const Options& o, int restart) {
         fmt::print("{}\n", line);
         return 0;
     }
+    // Prometheus finds the ranks' metrics endpoints in this file.
+    const std::string targets = write_launch_targets(o.ranks, o.hosts, o.args);
+    if (!targets.empty()) fmt::print("apiary launch: scrape targets in {}\n", targets);
     std::vector<char*> argv;
     for (const auto& a : cmd) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -223,7 +227,10 @@ void run(Options o) {
     const std::string run_dir = o.max_restarts > 0 ? run_dir_of(o.args) : "";
     std::string before = latest_of(run_dir);
     int code = run_once(o, 0);
-    for (int restart = 1; restart <= o.max_restarts && code != 0 && code != 130; ++restart) {
+    // 75: stopped for its health (health.action = checkpoint): the scheduler
+    // moves it; a restart here would meet the same hot machine.
+    for (int restart = 1; restart <= o.max_restarts && code != 0 && code != 130 && code != 75;
+         ++restart) {
         const std::string now = latest_of(run_dir);
         if (o.min_ranks > 0 && restart > 1 && now == before && o.ranks / 2 >= o.min_ranks) {
             o.ranks /= 2;

@@ -14,6 +14,16 @@ namespace apiary::cli {
 
 namespace {
 
+// 130: stopped by a signal; 75 (EX_TEMPFAIL): stopped for its health, to be
+// moved by the scheduler. Both saved a checkpoint.
+void exit_for(const train::TrainSummary& s) {
+    if (!s.health_stop.empty()) {
+        set_exit_code(75);
+    } else if (s.interrupted) {
+        set_exit_code(130);
+    }
+}
+
 void setup(CLI::App& app) {
     auto* cmd = app.add_subcommand(
         "train", "train a model (no arguments: the tiny default model on the King James Bible)");
@@ -76,7 +86,7 @@ void setup(CLI::App& app) {
             all.push_back("run.dir=" + resume_dir);
             const core::Config c = load_config(cfg, all);
             start_mpi(c);
-            if (train::resume_training(c, world, previous_good).interrupted) set_exit_code(130);
+            exit_for(train::resume_training(c, world, previous_good));
             return;
         }
         if (previous_good) {
@@ -84,7 +94,7 @@ void setup(CLI::App& app) {
         }
         const core::Config c = load_config(config_file, sets);
         start_mpi(c);
-        if (train::run_training(c, overwrite, world).interrupted) set_exit_code(130);
+        exit_for(train::run_training(c, overwrite, world));
     });
 }
 

@@ -10,6 +10,7 @@
 #include <new>
 
 #include "comm/mpi_internal.h"
+#include "comm/traffic.h"
 #include "core/error.h"
 
 namespace apiary::comm {
@@ -185,6 +186,7 @@ class MpiGroup : public ProcessGroup {
     WorkHandle send(const void* buf, int64_t count, DType dt, int dst, Tag tag) override {
         check_peer(dst);
         Fingerprint fp{CollOp::send, dt, count, tag, dst, e_->p2p_seq++};
+        count_traffic(CollOp::send, message_bytes(fp, size()));
         const std::string ctx = e_->name + " " + fp.describe();
         MPI_Request req;
         mpi_check(MPI_Isend(buf, as_int(count, *e_, "send"), mpi_type(dt), dst, mpi_tag(tag),
@@ -196,6 +198,7 @@ class MpiGroup : public ProcessGroup {
     WorkHandle recv(void* buf, int64_t count, DType dt, int src, Tag tag) override {
         check_peer(src);
         Fingerprint fp{CollOp::recv, dt, count, tag, src, e_->p2p_seq++};
+        count_traffic(CollOp::recv, message_bytes(fp, size()));
         const std::string ctx = e_->name + " " + fp.describe();
         MPI_Request req;
         mpi_check(MPI_Irecv(buf, as_int(count, *e_, "recv"), mpi_type(dt), src, mpi_tag(tag),

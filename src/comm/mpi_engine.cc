@@ -14,7 +14,9 @@
 #include <new>
 
 #include "comm/mpi_internal.h"
+#include "comm/traffic.h"
 #include "core/error.h"
+#include "core/trace.h"
 
 namespace apiary::comm::detail {
 
@@ -170,6 +172,7 @@ bool run_front(Engine& e, std::unique_lock<SpinLock>& lock, const MpiWork* own) 
 }
 
 void Engine::worker_loop() {
+    core::trace::set_thread_name("comm " + name);
     uint64_t seen_seq = 0;
     auto last_activity = Clock::now();
     std::unique_lock guard(lock);
@@ -282,17 +285,44 @@ void verify_match(Engine& e, const Fingerprint& fp) {
         e.name, fp.describe()));
 }
 
+// The algorithm a call runs (the same choices as the calls themselves).
+const char* algorithm_of(const Engine& e, const Fingerprint& fp, int64_t bytes) {
+    const bool bulk = fp.dtype == DType::f32 || fp.dtype == DType::bf16;
+    if (fp.op == CollOp::all_reduce && bulk) {
+        if (e.hierarchical.load()) return "hierarchical";
+        const int64_t f32_bytes = fp.count * 4;
+        return f32_bytes >= kRingAllReduceBytes ? "ring" : "mpi";
+    }
+    if (fp.op == CollOp::reduce_scatter) {
+        return bytes / int64_t(core::dtype_size(fp.dtype)) * 4 >= kRingReduceScatterBytes ? "ring"
+                                                                                          : "mpi";
+    }
+    return "mpi";
+}
+
 }  // namespace
 
 void Engine::execute(MpiWork& w, bool held) {
     const Fingerprint& fp = w.fingerprint();
     monitor->begin(fp);
     int end = MpiWork::kDone;
+    const int64_t bytes = message_bytes(fp, size);
+    count_traffic(fp.op, bytes);
     try {
         if (options.verify) {
             chain = fp.chain(chain);
             if (check_due(options, fp.seq)) verify_match(*this, fp);
         }
+        core::trace::Event span_proto;
+        if (core::trace::on()) {
+            span_proto.name = op_name(fp.op);
+            span_proto.kind = core::trace::Kind::comm;
+            span_proto.bytes = bytes;
+            span_proto.detail = algorithm_of(*this, fp, bytes);
+            span_proto.tag = fp.tag.kind;
+            span_proto.id = fp.tag.id;
+        }
+        core::trace::Span span(span_proto);
         w.run(CallContext{this, &fp});
         monitor->end(fp);
     } catch (const std::exception& e) {

@@ -15,7 +15,9 @@
 
 #include "comm/buffer.h"
 #include "comm/forensics.h"
+#include "comm/traffic.h"
 #include "core/error.h"
+#include "core/trace.h"
 
 namespace apiary::comm {
 
@@ -201,6 +203,7 @@ class ThreadGroup : public ProcessGroup {
     WorkHandle send(const void* buf, int64_t count, DType dt, int dst, Tag tag) override {
         check_peer(dst);
         Fingerprint fp{CollOp::send, dt, count, tag, dst, p2p_seq_++};
+        count_traffic(CollOp::send, message_bytes(fp, size()));
         const char* p = static_cast<const char*>(buf);
         std::lock_guard lock(sh_->mu);
         if (!sh_->failure.empty()) throw CommError(sh_->failure);
@@ -213,6 +216,7 @@ class ThreadGroup : public ProcessGroup {
     WorkHandle recv(void* buf, int64_t count, DType dt, int src, Tag tag) override {
         check_peer(src);
         Fingerprint fp{CollOp::recv, dt, count, tag, src, p2p_seq_++};
+        count_traffic(CollOp::recv, message_bytes(fp, size()));
         return std::make_shared<RecvWork>(fp, sh_, src, rank(), buf, bytes_of(count, dt));
     }
 
@@ -326,6 +330,18 @@ class ThreadGroup : public ProcessGroup {
                           Post post = nullptr, int color = 0, int key = 0) {
         fp.seq = seq_++;
         monitor_.begin(fp);
+        const int64_t bytes = message_bytes(fp, size());
+        count_traffic(fp.op, bytes);
+        core::trace::Event span_proto;
+        if (core::trace::on()) {
+            span_proto.name = op_name(fp.op);
+            span_proto.kind = core::trace::Kind::comm;
+            span_proto.detail = "threads";
+            span_proto.tag = fp.tag.kind;
+            span_proto.bytes = bytes;
+            span_proto.id = fp.tag.id;
+        }
+        core::trace::Span span(span_proto);
         {
             std::lock_guard lock(sh_->mu);
             auto& slot = sh_->slots[size_t(rank())];

@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "core/profile.h"
+#include "core/trace.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 
@@ -117,6 +118,7 @@ void Transformer::attention_core_backward(const LayerActs& a, int64_t B, int64_t
 }
 
 void Transformer::block_forward(int l, const LayerActs& a, const float* in, int64_t B, int64_t T) {
+    APIARY_TRACE("block forward", core::trace::Kind::compute, l);
     const BlockParams& p = block_params_[size_t(l)];
     const int64_t N = B * T, n = rows(B, T), C = dims_.C, F = dims_.F, R = dims_.R(),
                   Cl = dims_.Cl(), NH = dims_.NH, KVH = dims_.KVH, HS = dims_.HS;
@@ -168,6 +170,7 @@ void Transformer::block_forward(int l, const LayerActs& a, const float* in, int6
 }
 
 void Transformer::block_backward(int l, const LayerActs& a, const float* in, int64_t B, int64_t T) {
+    APIARY_TRACE("block backward", core::trace::Kind::compute, l);
     const BlockParams& p = block_params_[size_t(l)];
     const int64_t N = B * T, n = rows(B, T), C = dims_.C, F = dims_.F, R = dims_.R(),
                   Cl = dims_.Cl(), NH = dims_.NH, KVH = dims_.KVH, HS = dims_.HS;

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/profile.h"
+#include "core/trace.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 
@@ -171,6 +172,7 @@ void Transformer::check_tokens(const int32_t* tokens, int64_t n) const {
 }
 
 void Transformer::embed_forward(SlotActs& s, const int32_t* tokens, int64_t B, int64_t T) {
+    APIARY_TRACE("embedding forward", core::trace::Kind::compute);
     const int64_t N = B * T, n = rows(B, T), C = dims_.C;
     check_tokens(tokens, N);
     std::copy_n(tokens, N, s.tokens.data());
@@ -195,6 +197,7 @@ void Transformer::embed_forward(SlotActs& s, const int32_t* tokens, int64_t B, i
 }
 
 void Transformer::embed_backward(SlotActs& s) {
+    APIARY_TRACE("embedding backward", core::trace::Kind::compute);
     const int64_t B = s.B, T = s.T, N = B * T, n = rows(B, T), C = dims_.C;
     const float* d = dres_.f32();
     if (wpe_ >= 0) {
@@ -240,6 +243,7 @@ const float* Transformer::output(int chunk, int slot) {
 
 LossResult Transformer::head_loss(int chunk, int slot, const int32_t* targets,
                                   const float* grad_scale) {
+    APIARY_TRACE("head", core::trace::Kind::compute);
     Chunk& c = chunks_[size_t(chunk)];
     APIARY_CHECK(c.head, "head_loss on chunk {}, which has no head", chunk);
     SlotActs& s = c.slots[size_t(slot)];

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/profile.h"
+#include "core/trace.h"
 
 namespace apiary::parallel {
 
@@ -229,6 +230,7 @@ void Engine::send(const float* data, int64_t n, int dst, int tag) {
 
 void Engine::recv(float* data, int64_t n, int src, int tag) {
     const auto t0 = Clock::now();
+    APIARY_TRACE("pp recv", core::trace::Kind::wait, -1, int64_t(4 * n));
     mesh_->pp().recv(data, n, DType::f32, src, {"pp_recv", tag})->wait();
     times_.pp_wait += since(t0);
     pp_bytes_ += 4.0 * double(n);
@@ -271,9 +273,11 @@ void Engine::forward_op(const PipeOp& op, const int32_t* rows, int64_t B, int64_
     if (j == 0) unpack(rows, op.micro, B, T);
     if (j > 0) recv(io_.f32(), n, (s - 1 + p) % p, activation_tag(op.chunk));
     const auto t0 = Clock::now();
+    const double tp0 = tp_ ? tp_->seconds() : 0.0;
     model_->forward(op.chunk, slot, tokens_.data(), j > 0 ? io_.f32() : nullptr, B, T);
     const double dt = since(t0);
     times_.compute += dt;
+    times_.forward += dt - (tp_ ? tp_->seconds() - tp0 : 0.0);
     times_.forward_op += dt;
     times_.forward_ops += 1;
     if (j < last) {
@@ -295,6 +299,7 @@ void Engine::backward_op(const PipeOp& op, const int32_t* rows, int64_t B, int64
     }
     if (j < last) recv(io_.f32(), n, (s + 1) % p, gradient_tag(op.chunk));
     const auto t0 = Clock::now();
+    const double tp0 = tp_ ? tp_->seconds() : 0.0;
     if (j == last) {
         unpack(rows, op.micro, B, T);
         const model::LossResult r = model_->head_loss(op.chunk, slot, targets_.data(), &grad_scale);
@@ -306,6 +311,7 @@ void Engine::backward_op(const PipeOp& op, const int32_t* rows, int64_t B, int64
     model_->backward(op.chunk, slot, j < last ? io_.f32() : nullptr);
     const double dt = since(t0);
     times_.compute += dt;
+    times_.backward += dt - (tp_ ? tp_->seconds() - tp0 : 0.0);
     times_.backward_op += dt;
     times_.backward_ops += 1;
     model_->set_grad_ready_hook(nullptr);
@@ -375,6 +381,7 @@ void Engine::finish_grads() {
     on_grads_ready(0);
     if (has_tied_) {
         APIARY_PROFILE("tied embedding all-reduce");
+        APIARY_TRACE("tied embedding wait", core::trace::Kind::wait);
         const auto t0 = Clock::now();
         const model::ParamInfo& e = model_->registry().entries()[size_t(tied_entry_)];
         tied_group_
@@ -384,7 +391,10 @@ void Engine::finish_grads() {
         times_.pp_wait += since(t0);
         if (sync_) sync_->on_ready(0);
     }
-    if (sync_) sync_->finish();
+    if (sync_) {
+        APIARY_TRACE("dp wait", core::trace::Kind::wait);
+        sync_->finish();
+    }
 }
 
 double Engine::global_grad_norm() {
@@ -428,6 +438,8 @@ StepResult Engine::train_step(const int32_t* rows, int64_t n_rows, int64_t T, do
     run_schedule(rows, B, T, grad_scale, poison, local);
     finish_grads();
     const auto t_opt = Clock::now();
+    // The step's scalars, the norm and the update (their collectives nest in it).
+    APIARY_TRACE("optimizer", core::trace::Kind::optimizer);
     times_.dp_exposed = sync_ ? sync_->exposed_seconds() : 0.0;
     times_.tp_comm = tp_ ? tp_->seconds() : 0.0;
     times_.compute -= times_.tp_comm;
@@ -444,6 +456,15 @@ StepResult Engine::train_step(const int32_t* rows, int64_t n_rows, int64_t T, do
     }
     r.count = counts[0];
     r.stop = counts[1] > 0;
+    if (exchange_signals_) {
+        if (world_) {
+            world_->all_reduce(signals_, 3, DType::f64, comm::ReduceOp::max, {"rank_signals", 0})
+                ->wait();
+        }
+        r.health = int(signals_[0]);
+        r.busy_max_s = signals_[1];
+        r.busy_min_s = -signals_[2];
+    }
     // Every rank reaches the same overflow decision from the same norm.
     const double raw_norm = global_grad_norm();
     r.grad_norm = raw_norm / scale;

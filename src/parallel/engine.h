@@ -52,6 +52,10 @@ struct StepResult {
     double grad_norm = 0;  // global L2 norm before clipping, loss scale removed
     bool applied = true;   // false: skipped (fp16 overflow)
     bool stop = false;     // some rank asked to stop after this step
+    // With set_rank_signals(): the largest health level of any rank, and the
+    // busiest and least busy rank's busy seconds (all ranks' previous step).
+    int health = 0;
+    double busy_max_s = 0, busy_min_s = 0;
     double loss() const { return count ? loss_sum / double(count) : 0.0; }
 };
 
@@ -63,6 +67,9 @@ struct StepTimes {
     double pp_wait = 0;     // waiting for a pipeline neighbour's message
     double dp_exposed = 0;  // data-parallel communication not hidden behind backward
     double optimizer = 0;   // norm, scaler, AdamW, parameter gather
+    // compute split into forward and backward ops (the head's loss and
+    // backward count as backward); tensor-parallel waits left out.
+    double forward = 0, backward = 0;
     // Mean seconds of one forward / backward op (a chunk on a micro-batch):
     // the per-stage timings a schedule replay takes (schedule.h).
     double forward_op = 0, backward_op = 0;
@@ -94,6 +101,16 @@ class Engine {
     // loss over all data-parallel ranks (collective).
     model::LossResult evaluate(const int32_t* rows, int64_t n_rows, int64_t T);
     const StepTimes& times() const { return times_; }
+    // What this rank tells the others with the next step's scalars (one
+    // more 24-byte all-reduce per step, from the first call on): its health
+    // level (0: fine) and its busy seconds (time not spent waiting on
+    // peers). Every rank calls it before every step or none does.
+    void set_rank_signals(int health, double busy_s) {
+        signals_[0] = double(health);
+        signals_[1] = busy_s;
+        signals_[2] = -busy_s;
+        exchange_signals_ = true;
+    }
 
     // ---- state ----
     void init(uint64_t seed);
@@ -197,6 +214,8 @@ class Engine {
     int tied_entry_ = -1;  // the registry entry summed with the other end of the pipeline
     StepTimes times_;
     double pp_bytes_ = 0;
+    double signals_[3] = {0, 0, 0};  // health, busy, -busy: one max all-reduce
+    bool exchange_signals_ = false;
 };
 
 }  // namespace apiary::parallel

@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "core/trace.h"
+
 namespace apiary::parallel {
 
 using comm::DType;
@@ -9,6 +11,7 @@ using comm::ReduceOp;
 
 void TpComm::wait(const comm::WorkHandle& w, double bytes) {
     const auto t0 = std::chrono::steady_clock::now();
+    APIARY_TRACE("tp wait", core::trace::Kind::wait, -1, int64_t(bytes));
     w->wait();
     seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     bytes_ += bytes;

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/profile.h"
+#include "core/trace.h"
 #include "kernels/kernels.h"
 
 namespace apiary::parallel {
@@ -124,6 +125,7 @@ void DpShards::gather_full(const float* packed, float* full) {
 
 void DpShards::all_gather_in_place(float* flat) {
     APIARY_PROFILE("parameter all-gather");
+    APIARY_TRACE("parameter all-gather", core::trace::Kind::wait);
     std::vector<comm::WorkHandle> works;
     for (size_t u = 0; u < units_.size(); ++u) {
         const Piece& p = pieces_[u];
@@ -186,6 +188,7 @@ void AllReduceSync::on_ready(int64_t final_from) {
 
 void AllReduceSync::finish() {
     APIARY_PROFILE("gradient communication wait");
+    APIARY_TRACE("dp wait", core::trace::Kind::wait);
     started_in_backward_ = started_;
     on_ready(0);
     if (!bf16_wire_) {
@@ -254,6 +257,7 @@ void ReduceScatterSync::on_ready(int64_t final_from) {
 
 void ReduceScatterSync::finish() {
     APIARY_PROFILE("gradient communication wait");
+    APIARY_TRACE("dp wait", core::trace::Kind::wait);
     started_in_backward_ = started_;
     on_ready(0);
     for (size_t u = 0; u < works_.size(); ++u) {
@@ -374,6 +378,7 @@ void ShardedStore::start_gather(Slot& s, int u) {
 
 const float* ShardedStore::acquire_params(int u, int next) {
     APIARY_PROFILE("parameter all-gather wait");
+    APIARY_TRACE("parameter gather wait", core::trace::Kind::wait);
     Slot& s = param_slot_for(u);
     APIARY_CHECK(!s.lent, "unit {} lent twice", u);
     if (s.unit != u) start_gather(s, u);
@@ -474,6 +479,7 @@ void ShardedStore::release_grads(int u) {
 
 void ShardedStore::finish() {
     APIARY_PROFILE("gradient communication wait");
+    APIARY_TRACE("dp wait", core::trace::Kind::wait);
     for (auto& s : gslots_) complete_grads(s);
 }
 

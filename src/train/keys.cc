@@ -2,6 +2,7 @@
 
 #include "comm/config.h"
 #include "data/keys.h"
+#include "obs/keys.h"
 
 namespace apiary::train {
 
@@ -100,6 +101,8 @@ void add_keys(core::Schema& s) {
                "over the text)",
                0.001, 0.5);
     data::add_keys(s);  // the loader's data.* (sources, shuffle, curriculum, ...)
+
+    obs::add_keys(s);  // metrics.*, health.*, profile.*
 
     s.add_string("run.dir", "runs/default",
                  "run directory: config.toml, metrics.jsonl, ckpt/ (must be new or empty unless "

@@ -21,10 +21,12 @@
 #include "core/model_spec.h"
 #include "core/signals.h"
 #include "core/threads.h"
+#include "core/trace.h"
 #include "data/file_io.h"
 #include "data/loader.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "obs/observer.h"
 #include "parallel/engine.h"
 #include "parallel/layout.h"
 #include "plan/totals.h"
@@ -212,7 +214,9 @@ class Trainer {
                         return b * t * layout_.dp();
                     }),
           engine_(spec_, layout_, world, B_, T_, engine_options(c)),
-          saver_(engine_, run_dir_, save_options(c)) {}
+          saver_(engine_, run_dir_, save_options(c)),
+          obs_(std::make_unique<obs::RunObserver>(
+              c, world, peak_, [this](const std::string& line) { say("{}", line); })) {}
 
     void init_fresh() { engine_.init(seed_); }
     // This run is the k-th restart of a supervised job (apiary launch).
@@ -259,12 +263,14 @@ class Trainer {
     json step_record(int64_t step, const parallel::StepResult& r, double lr);
     // Starts a save (committed at once, or by a later poll when async).
     void save(int64_t step) {
+        APIARY_TRACE("checkpoint", core::trace::Kind::checkpoint, -1, -1, nullptr, step);
         if (saver_.poll(true)) note_save(*metrics_);  // the one in flight first
         saver_.save(step, checkpoint_meta(step));
         if (!saver_.in_flight()) note_save(*metrics_);  // a synchronous save, committed
     }
-    // Records a committed or failed save in metrics.jsonl and the console,
-    // and sets the Young/Daly interval after the first save when asked.
+    // Records a committed or failed save in metrics.jsonl, the console and
+    // the rank's metrics, and sets the Young/Daly interval after the first
+    // save when asked.
     void note_save(std::optional<MetricsLog>& metrics);
     // The next batch to train on, past the skipped ones.
     const data::Batch& next_batch(int64_t step);
@@ -274,6 +280,8 @@ class Trainer {
     // returns the step the run continues after.
     int64_t roll_back(int64_t step, int64_t batch, const std::string& why,
                       std::optional<MetricsLog>& metrics);
+    obs::StepReport step_report(int64_t step, const parallel::StepResult& r, double lr, double dt,
+                                double data_wait, const data::Batch& batch) const;
     bool main_rank() const { return engine_.main_rank(); }
     // The first rank prints; every rank writes the same lines to its own log
     // in the run directory (logs/rank_NNNNN.log), with what it alone knows
@@ -345,6 +353,7 @@ class Trainer {
     double last_step_s_ = 0;
     std::deque<double> recent_losses_;  // for the spike test
     std::ofstream rank_log_;
+    std::unique_ptr<obs::RunObserver> obs_;  // metrics, health, traces
 };
 
 void Trainer::load(const CheckpointRef& ck) {
@@ -466,6 +475,7 @@ int64_t Trainer::roll_back(int64_t step, int64_t batch, const std::string& why,
 void Trainer::note_save(std::optional<MetricsLog>& metrics) {
     const SaveStats& st = saver_.last();
     if (st.step < 0) return;
+    if (st.error.empty()) obs_->checkpoint_done(st.total_s, st.stall_s, double(st.bytes_written));
     if (metrics) {
         json rec = {{"step", st.step},
                     {"event", "checkpoint"},
@@ -492,6 +502,7 @@ void Trainer::note_save(std::optional<MetricsLog>& metrics) {
 }
 
 double Trainer::evaluate() {
+    APIARY_TRACE("eval", core::trace::Kind::eval);
     model::LossResult local;
     val_data_->restore(val_start_);
     for (int64_t i = 0; i < c_.get_int("train.eval_batches"); ++i) {
@@ -597,6 +608,31 @@ json Trainer::step_record(int64_t step, const parallel::StepResult& r, double lr
     return rec;
 }
 
+obs::StepReport Trainer::step_report(int64_t step, const parallel::StepResult& r, double lr,
+                                     double dt, double data_wait, const data::Batch& batch) const {
+    const auto& t = engine_.times();
+    const auto& scaler = engine_.loss_scaler();
+    obs::StepReport o;
+    o.step = step + 1;
+    o.loss = r.loss();
+    o.lr = lr;
+    o.grad_norm = r.grad_norm;
+    o.loss_scale = scaler.enabled() ? scaler.scale() : 1.0;
+    o.skipped_steps = scaler.skipped_steps();
+    o.step_s = dt;
+    o.data_wait_s = data_wait;
+    o.tokens = double(batch.B * batch.T * layout_.dp());
+    o.flops = o.tokens * spec_.train_flops_per_token(int(batch.T));
+    o.forward_s = t.forward;
+    o.backward_s = t.backward;
+    o.optimizer_s = t.optimizer;
+    o.exposed_comm_s = engine_.exposed_comm_seconds();
+    o.busy_max_s = r.busy_max_s;
+    o.busy_min_s = r.busy_min_s;
+    o.job_health = r.health;
+    return o;
+}
+
 TrainSummary Trainer::run(bool append_metrics) {
     open_rank_log(append_metrics);
     std::optional<MetricsLog> metrics;
@@ -612,6 +648,7 @@ TrainSummary Trainer::run(bool append_metrics) {
     // The unigram baseline is computed by the first rank only (it prints it).
     const double unigram = main_rank() ? unigram_entropy() : 0.0;
     print_banner(unigram);
+    obs_->start(start_step_);
 
     TrainSummary summary;
     summary.unigram_loss = unigram;
@@ -629,15 +666,22 @@ TrainSummary Trainer::run(bool append_metrics) {
     // directly could reach ranks at different steps).
     bool stop = false;
     for (; step < steps_ && !stop; ++step) {
+        obs_->before_step(step);
+        APIARY_TRACE("step", core::trace::Kind::step, -1, -1, nullptr, step + 1);
         const auto t0 = Clock::now();
         // This data-parallel rank's windows of the step, (rows, T + 1): B_t
         // rows of T_t per micro-step, which vary under a curriculum.
-        const data::Batch& batch = next_batch(step);
+        const data::Batch& batch = [&]() -> const data::Batch& {
+            APIARY_TRACE("data wait", core::trace::Kind::data);
+            return next_batch(step);
+        }();
+        const double data_wait = seconds_since(t0);
         const int64_t batch_number = batch.step + 1;
         const double lr = schedule_.at(step);
         // Testing hook: an overflowing loss scale on the last data-parallel
         // rank only; the reductions carry it to every rank.
         const bool poison = inject_.count(batch_number) && coord_.dp == layout_.dp() - 1;
+        engine_.set_rank_signals(obs_->poll_health(), obs_->busy_seconds());
         const parallel::StepResult r = engine_.train_step(batch.tokens.data(), batch.B, batch.T, lr,
                                                           core::stop_requested(), poison);
         stop = r.stop;
@@ -669,6 +713,11 @@ TrainSummary Trainer::run(bool append_metrics) {
                             "(now {}) or raise train.warmup_steps",
                             step + 1, loss, lr_peak));
         }
+        if (obs_->after_step(step_report(step, r, lr, dt, data_wait, batch)) ==
+            obs::AfterStep::stop_unhealthy) {
+            stop = true;
+            summary.health_stop = obs_->stop_reason();
+        }
         const int64_t tokens = batch.B * batch.T * layout_.dp();
         window_loss += loss;
         window_time += dt;
@@ -678,6 +727,7 @@ TrainSummary Trainer::run(bool append_metrics) {
         const bool last = step + 1 == steps_;
         if ((eval_every > 0 && (step + 1) % eval_every == 0) || last) {
             last_eval = evaluate();
+            obs_->eval_done(last_eval);
             if (metrics) metrics->write({{"step", step + 1}, {"eval_loss", last_eval}});
         }
         if ((step + 1) % log_every == 0 || last) {
@@ -726,7 +776,12 @@ TrainSummary Trainer::run(bool append_metrics) {
         if (every > 0 && (step + 1) % every == 0 && !last) save(step + 1);
         if (saver_.poll(false)) note_save(metrics);
     }
-    if (stop) {
+    if (stop && !summary.health_stop.empty()) {
+        say("\nstopping after step {} for health ({}): saving a checkpoint (move the job, then "
+            "`apiary train --resume {}`)\n",
+            step, summary.health_stop, run_dir_);
+        last_eval = evaluate();
+    } else if (stop) {
         say("\ninterrupted after step {}: saving a checkpoint (resume with `apiary train "
             "--resume {}`)\n",
             step, run_dir_);
@@ -769,6 +824,7 @@ TrainSummary Trainer::run(bool append_metrics) {
         "{:.1f} MiB; checkpoint {}\n",
         step, format_duration(seconds_since(t_start)), last_eval, per_byte, summary.unigram_loss,
         double(mem.total_peak) / 1048576.0, summary.checkpoint_dir);
+    obs_->finish();
     if (metrics && metrics->lost() > 0) {
         fmt::print(stderr,
                    "apiary: warning: {} records could not be written to {} (see the warnings "

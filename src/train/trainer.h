@@ -22,6 +22,7 @@ struct TrainSummary {
     double tokens_per_s = 0.0;
     int64_t skipped_steps = 0;  // fp16 steps skipped for overflow
     bool interrupted = false;   // stopped by a signal before train.steps (checkpoint saved)
+    std::string health_stop;    // non-empty: stopped for health.action = 'checkpoint' (why)
     double loss_scale = 1.0;
     std::string checkpoint_dir;
 };

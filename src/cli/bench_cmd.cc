@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -48,6 +49,20 @@ double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     const size_t n = v.size();
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// memcpy GB/s of 256 MiB, the median of 5 copies (one thread): the memory
+// peak that the memory-bound parts (AdamW, norms) are held to.
+double memcpy_peak_gb_per_s() {
+    const size_t bytes = size_t(256) << 20;
+    std::vector<char> a(bytes, 1), b(bytes, 0);
+    std::vector<double> t;
+    for (int rep = 0; rep < 5; ++rep) {
+        const auto t0 = std::chrono::steady_clock::now();
+        std::memcpy(b.data(), a.data(), bytes);
+        t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return double(bytes) / median(t) / 1e9;
 }
 
 // One model in one precision, with its optimizer and what its steps measured.
@@ -138,10 +153,12 @@ void bench_train(const BenchTrainArgs& a) {
         rows[i] = int32_t(rng.below(uint64_t(i), spec.vocab_size));
     }
     // MFU is against the peak of the precision the matmuls run in, measured now.
-    for (auto& r : runs) {
-        r.peak = r.precision == model::Precision::bf16 ? kernels::measure_gemm_bf16_peak_flops(1.0)
-                                                       : kernels::measure_gemm_peak_flops(1.0);
-    }
+    // Both GEMM peaks and memcpy are measured in every run, whatever the
+    // precision, so that one run's figures can be held to all three.
+    const double sgemm_peak = kernels::measure_gemm_peak_flops(1.0);
+    const double bf16_peak = kernels::measure_gemm_bf16_peak_flops(1.0);
+    const double memcpy_gbs = memcpy_peak_gb_per_s();
+    for (auto& r : runs) r.peak = r.precision == model::Precision::bf16 ? bf16_peak : sgemm_peak;
     core::Profiler& prof = core::Profiler::get();
     for (int s = 0; s < a.warmup + a.steps; ++s) {
         for (auto& r : runs) {
@@ -189,6 +206,11 @@ void bench_train(const BenchTrainArgs& a) {
                         {"model_flops_per_s", flops},
                         {"matmul_peak_flops_per_s", r.peak},
                         {"mfu", flops / r.peak},
+                        {"sgemm_peak_flops_per_s", sgemm_peak},
+                        {"bf16_gemm_peak_flops_per_s", bf16_peak},
+                        {"mfu_vs_sgemm_peak", flops / sgemm_peak},
+                        {"memcpy_gb_per_s", memcpy_gbs},
+                        {"cpu", cpu_model_name()},
                         {"peak_bytes", cats},
                         {"rss_over_categories", rss / sum},
                         {"final_loss", r.loss}});
@@ -226,6 +248,9 @@ void bench_train(const BenchTrainArgs& a) {
         fmt::print("  GEMM peak   {:.1f} GFLOP/s (oneDNN {} matmul, measured now)\n", r.peak / 1e9,
                    r.precision == model::Precision::bf16 ? "bf16" : "fp32");
         fmt::print("  MFU         {:.1f}%\n", 100 * o["mfu"].get<double>());
+        fmt::print(
+            "  peaks       sgemm {:.1f}, bf16 GEMM {:.1f} GFLOP/s, memcpy {:.1f} GB/s ({})\n",
+            sgemm_peak / 1e9, bf16_peak / 1e9, memcpy_gbs, cpu_model_name());
         if (a.profile) {
             double total = 0;
             for (double t : r.times) total += t;

@@ -45,7 +45,7 @@ struct ParallelArgs {
     int warmup = 1;
     int threads = 1;
     int zero_stage = 0;
-    int tp = 1, pp = 1, microbatches = 1;
+    int tp = 1, pp = 1, microbatches = 1, virtual_stages = 2;
     std::string schedule = "1f1b", recompute = "none", precision = "fp32";
     bool sequence_parallel = false;
     double bucket_mb = 25.0;
@@ -71,6 +71,7 @@ parallel::ParallelLayout layout_of(const ParallelArgs& a, const core::ModelSpec&
     set(fmt::format("parallel.pp={}", a.pp));
     set(fmt::format("parallel.zero_stage={}", a.zero_stage));
     set("parallel.schedule=" + a.schedule);
+    set(fmt::format("parallel.virtual_stages={}", a.virtual_stages));
     set("parallel.recompute=" + a.recompute);
     set(fmt::format("parallel.sequence_parallel={}", a.sequence_parallel));
     set(fmt::format("train.grad_accum={}", a.microbatches));
@@ -215,6 +216,7 @@ void bench_parallel(const ParallelArgs& a) {
         {"ideal_bubble",
          parallel::ideal_bubble(layout.pp(), layout.microbatches, layout.virtual_stages)},
         {"bubble_max", bubble_max},
+        {"replayed_bubble_max", *std::max_element(replay.begin(), replay.end())},
         {"zero_stage", layout.zero_stage},
         {"bucket_mb", a.bucket_mb},
         {"buckets", engine.num_buckets()},
@@ -231,6 +233,13 @@ void bench_parallel(const ParallelArgs& a) {
                core::num_threads(), layout.describe());
     fmt::print("  global batch {} x {} tokens: step {:.3f} s, {:.0f} tok/s\n", a.global_batch,
                a.seq, step, tps);
+    if (layout.pp() > 1) {
+        fmt::print(
+            "  bubble: ideal {:.1f}%, replayed from the stages' op times {:.1f}%, "
+            "measured (max rank) {:.1f}%\n",
+            100 * out["ideal_bubble"].get<double>(), 100 * out["replayed_bubble_max"].get<double>(),
+            100 * bubble_max);
+    }
     if (layout.dp() > 1) {
         fmt::print(
             "  {} gradient buckets: {:.3f} s alone, {:.3f} s exposed after backward -> "
@@ -285,6 +294,10 @@ void add_options(CLI::App* cmd, ParallelArgs& a, bool layouts) {
         ->check(CLI::Range(1, 1 << 16))
         ->capture_default_str();
     cmd->add_option("--schedule", a.schedule, "gpipe, 1f1b or interleaved")->capture_default_str();
+    cmd->add_option("--virtual-stages", a.virtual_stages,
+                    "model chunks per stage (interleaved schedule)")
+        ->check(CLI::Range(1, 1 << 10))
+        ->capture_default_str();
     cmd->add_option("--recompute", a.recompute, "none, selective or full")->capture_default_str();
     cmd->add_flag("--sequence-parallel", a.sequence_parallel, "sequence parallelism (tp > 1)");
     cmd->add_option("--precision", a.precision, "fp32 or bf16")->capture_default_str();

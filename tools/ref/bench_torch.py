@@ -1,7 +1,9 @@
 """PyTorch peer for `apiary bench train`: the same GPT-2 / LLaMA shapes, the same
-step (forward, backward, AdamW), fp32, on random tokens. Prints one JSON object.
+step (forward, backward, AdamW) on random tokens, in fp32 or under bf16 autocast
+(PyTorch's own mixed precision on CPU: matmuls in bf16 through oneDNN, fp32
+master weights and optimizer). Prints one JSON object.
 
-usage: bench_torch.py --preset gpt2-124m --batch 4 --seq 256 --threads 2 --steps 5
+usage: bench_torch.py --preset gpt2-124m --batch 4 --seq 256 --threads 2 --steps 5 [--precision bf16]
 """
 import argparse
 import json
@@ -100,6 +102,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -113,7 +116,8 @@ def main():
     for s in range(a.warmup + a.steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(idx, tgt)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            loss = model(idx, tgt)
         loss.backward()
         opt.step()
         dt = time.perf_counter() - t0
@@ -121,7 +125,7 @@ def main():
             times.append(dt)
     step = statistics.median(times)
     print(json.dumps({"peer": f"pytorch {torch.__version__}", "preset": a.preset,
-                      "batch": a.batch, "seq": a.seq, "threads": a.threads,
+                      "precision": a.precision, "batch": a.batch, "seq": a.seq, "threads": a.threads,
                       "step_time_s": step, "tokens_per_s": a.batch * a.seq / step,
                       "final_loss": loss.item()}))
 

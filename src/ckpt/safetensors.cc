@@ -10,6 +10,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -51,7 +53,12 @@ static FileDigest atomic_write_parts(const std::string& path,
     FileDigest digest;
     const fs::path target(path);
     const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-    const std::string tmp = (dir / fmt::format(".{}.tmp", target.filename().string())).string();
+    // Unique per process and thread: ranks that write the same content-
+    // addressed piece at once must not share a temporary file.
+    const std::string tmp =
+        (dir / fmt::format(".{}.{}.{:x}.tmp", target.filename().string(), long(::getpid()),
+                           std::hash<std::thread::id>{}(std::this_thread::get_id())))
+            .string();
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) {
         throw IoError(fmt::format("{}: cannot create: {}", tmp, std::strerror(errno)));

@@ -85,8 +85,9 @@ std::unique_ptr<parallel::Engine> make_engine(const core::ModelSpec& spec, const
 void bench_ckpt(const CkptArgs& a) {
     core::set_num_threads(a.threads);
     const core::ModelSpec& spec = core::preset(a.preset);
-    const fs::path root = fs::absolute(a.dir);
-    fs::remove_all(root);
+    // A directory of its own inside --dir: nothing already there is touched.
+    const fs::path root =
+        fs::absolute(a.dir) / fmt::format("apiary-bench-ckpt-{}", static_cast<long>(::getpid()));
     fs::create_directories(root);
     std::vector<int32_t> rows(size_t(a.batch) * size_t(a.seq + 1));
     const core::Philox rng(3, 0);
@@ -218,7 +219,7 @@ void add_bench_ckpt_command(CLI::App* bench) {
         "ckpt", "checkpoint save/load GB/s beside dd, async stall, incremental bytes");
     static CkptArgs a;
     cmd->add_option("--preset", a.preset, "model preset")->capture_default_str();
-    cmd->add_option("--dir", a.dir, "directory on the disk to measure (removed after)")
+    cmd->add_option("--dir", a.dir, "directory on the disk to measure (a subdirectory is made there and removed after)")
         ->capture_default_str();
     cmd->add_option("--batch", a.batch, "micro-batch of the timed steps")->capture_default_str();
     cmd->add_option("--seq", a.seq, "sequence length")->capture_default_str();

@@ -8,6 +8,7 @@
 #include "cli/command.h"
 #include "comm/mpi_backend.h"
 #include "core/error.h"
+#include "train/checkpoint.h"
 #include "train/trainer.h"
 
 namespace apiary::cli {
@@ -70,6 +71,19 @@ void setup(CLI::App& app) {
                 config_file.clear();
                 std::erase_if(sets,
                               [](const std::string& s) { return s.rfind("run.dir=", 0) == 0; });
+            } else {
+                // Killed before its first save: the run starts again (run_dir
+                // still refuses a directory that is not an apiary run). One
+                // with checkpoints but no `latest` is not guessed at.
+                if (const auto saved = train::list_checkpoints(dir); !saved.empty()) {
+                    throw IoError(fmt::format(
+                        "{}/ckpt: holds {} complete checkpoint(s) but no `latest`; check "
+                        "them with `apiary ckpt verify {}` and write the one to continue "
+                        "from into {}/ckpt/latest",
+                        dir, saved.size(), saved.back().second, dir));
+                }
+                overwrite = std::filesystem::exists(dir);
+                previous_good = false;
             }
         }
         if (!resume_dir.empty()) {

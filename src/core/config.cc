@@ -427,7 +427,7 @@ void add_shared_keys(Schema& s) {
                  "activation recomputation: none, selective (attention) or full (whole block)",
                  {"none", "selective", "full"});
     s.add_bool("parallel.sequence_parallel", false,
-               "shard norms and dropout activations along the sequence across tp ranks");
+               "shard the norm and residual activations along the sequence across tp ranks");
     s.add_int("parallel.microbatches", 0, "pipeline micro-batches per step (0: train.grad_accum)",
               0, 1 << 20);
     s.add_string("parallel.schedule", "1f1b", "pipeline schedule: gpipe, 1f1b or interleaved",

@@ -104,6 +104,7 @@ json layout_json(const parallel::ParallelLayout& l) {
             {"tp", l.tp()},
             {"pp", l.pp()},
             {"zero_stage", l.zero_stage},
+            {"microbatches", l.microbatches},
             {"sequence_parallel", l.sequence_parallel},
             {"schedule", parallel::schedule_name(l.schedule)},
             {"virtual_stages", l.virtual_stages},
@@ -365,6 +366,8 @@ void CheckpointSaver::commit() {
         if (failed && st.error.empty()) st.error = "failed on another rank (see its log)";
     }
     st.total_s = since(p->started);
+    // A synchronous save holds training up until it is committed.
+    if (!options_.async) st.stall_s = st.total_s;
     last_ = st;
 }
 

@@ -88,6 +88,26 @@ void validate_config(const core::Config& c, int world_size) {
     }
     spec.validate();
     parallel::parallel_layout_from(c, spec, world_size);
+    if (const std::string freeze = c.get_string("train.freeze"); !freeze.empty()) {
+        // A prefix that names no parameter is a typo that would silently
+        // train everything: the whole model's names (the registry alone).
+        model::ModelOptions o;
+        o.storage = model::Storage::sharded;
+        const model::Transformer m(spec, 1, 1, o);
+        std::stringstream ss(freeze);
+        for (std::string prefix; std::getline(ss, prefix, ',');) {
+            if (prefix.empty()) continue;
+            bool any = false;
+            for (const auto& e : m.registry().entries()) any |= e.name.rfind(prefix, 0) == 0;
+            if (!any) {
+                throw ConfigError(fmt::format(
+                    "train.freeze: '{}' is the prefix of no parameter of this model (its "
+                    "parameters are named like '{}' and '{}'; `apiary ckpt inspect` lists them)",
+                    prefix, m.registry().entries().front().name,
+                    m.registry().entries()[1].name));
+            }
+        }
+    }
     if (c.get_int("parallel.zero_stage") == 3 && c.get_string("train.precision") == "fp16") {
         throw ConfigError(
             "parallel.zero_stage = 3 with train.precision = 'fp16': sharded parameters take fp32 "
@@ -496,7 +516,7 @@ void Trainer::note_save(std::optional<MetricsLog>& metrics) {
     const double step_s = std::max(1e-6, last_step_s_);
     const int64_t every = std::max<int64_t>(1, int64_t(interval_s / step_s + 0.5));
     say("{}checkpoint cost {:.3f} s, MTBF {} h: the Young/Daly interval is {:.0f} s = {} steps{}\n",
-        "", cost, mtbf_h, interval_s, every,
+        ::isatty(STDOUT_FILENO) ? "\r\033[K" : "", cost, mtbf_h, interval_s, every,
         c_.get_bool("train.ckpt_every_auto") ? " (used from now on)" : "");
     if (c_.get_bool("train.ckpt_every_auto")) ckpt_every_ = every;
 }
@@ -858,7 +878,9 @@ void save_tokenizer(const std::string& run_dir, const TrainData& d) {
 }
 
 // train.elastic: a checkpoint saved by more (or fewer) data-parallel ranks
-// continues with the same global batch, its micro-steps scaled.
+// continues with the same global batch, its micro-steps scaled. The run's
+// config.toml records the scaled value (resume_training), so that the next
+// rescale starts from what the run really did.
 core::Config elastic_config(const core::Config& c, const CheckpointRef& ck, int world_size) {
     if (!c.get_bool("train.elastic") || !ck.meta.contains("layout")) return c;
     const int64_t saved_dp = ck.meta["layout"].value("dp", int64_t(1));
@@ -954,8 +976,9 @@ TrainSummary resume_training(const core::Config& c, comm::ProcessGroup* world, b
     if (first) {
         // The records of steps after the checkpoint are written again.
         truncate_metrics(run_dir, ck.step);
-        // Record the config the run continues with (e.g. a raised train.steps).
-        const std::string text = c.to_toml();
+        // Record the config the run continues with (e.g. a raised
+        // train.steps, or micro-steps rescaled by train.elastic).
+        const std::string text = adjusted.to_toml();
         ckpt::atomic_write((fs::path(run_dir) / "config.toml").string(), text.data(), text.size());
         if (!fs::exists(fs::path(run_dir) / kTokenizerFile)) save_tokenizer(run_dir, data);
     }

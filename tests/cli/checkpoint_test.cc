@@ -246,6 +246,51 @@ TEST_F(Checkpoints, ASupervisedJobComesBackAfterARankIsKilled) {
     EXPECT_TRUE(logged);
 }
 
+TEST_F(Checkpoints, ElasticRestartsOnFewerRanksKeepTheGlobalBatch) {
+    // train.elastic: four ranks to step 5, two to step 10, one to step 15;
+    // each rescale keeps 8 sequences a step, so the run is the one that
+    // stayed on four ranks (the second rescale starts from the first's).
+    // min_lr = lr: the schedule does not depend on train.steps, which grows.
+    const std::string a = args(
+        4, "--set train.elastic=true --set train.ckpt_every=5 --set train.min_lr=1e-3");
+    run("straight", 4, a + " --set train.steps=15");
+    run("elastic", 4, a + " --set train.steps=5");
+    for (const auto& [ranks, steps] : {std::pair{2, 10}, std::pair{1, 15}}) {
+        const std::string launcher =
+            ranks > 1 ? std::string(APIARY_MPIRUN) + " -n " + std::to_string(ranks) + " " : "";
+        const auto r = run_command(launcher + apiary_bin() + " train --resume " +
+                                   (dir_ / "elastic").string() +
+                                   " --set train.steps=" + std::to_string(steps));
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+    }
+    runs_->expect_series_near("straight", "elastic", "loss", 15, 1e-5);
+    EXPECT_EQ(runs_->series("straight", "tokens"), runs_->series("elastic", "tokens"));
+}
+
+TEST_F(Checkpoints, AutoResumeStartsAgainARunKilledBeforeItsFirstSave) {
+    const std::string a = args(1, "--set train.steps=400 --set train.ckpt_every=1000");
+    {
+        Background bg(cmd("early", 1, a), (dir_ / "early.out").string());
+        ASSERT_TRUE(wait_until([&] { return runs_->series("early", "loss").size() >= 2; }, 120))
+            << bg.output();
+        bg.signal(SIGKILL);
+        bg.wait();
+    }
+    ASSERT_FALSE(fs::exists(dir_ / "early" / "ckpt" / "latest"));
+    const std::string again = " --set train.steps=4 --set train.ckpt_every=2";
+    const auto r = run_command(apiary_bin() + " train --auto-resume --set run.dir=" +
+                               (dir_ / "early").string() + " " + a + again);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(latest("early"), "step_00000004");
+    EXPECT_EQ(runs_->series("early", "loss").size(), 4u);  // the killed run's lines are gone
+    // And now it resumes instead.
+    const auto more = run_command(apiary_bin() + " train --auto-resume --set run.dir=" +
+                                  (dir_ / "early").string() + " " + a +
+                                  " --set train.steps=6 --set train.ckpt_every=2");
+    ASSERT_EQ(more.exit_code, 0) << more.output;
+    EXPECT_EQ(latest("early"), "step_00000006");
+}
+
 TEST_F(Checkpoints, DamageIsDetectedAndTheGoodCheckpointStays) {
     const std::string a = args(2, "--set train.steps=4 --set train.ckpt_every=2");
     run("r", 2, a);

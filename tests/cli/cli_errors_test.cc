@@ -73,6 +73,11 @@ TEST_F(CliErrors, WrongTypeAndRange) {
     expect_error(train("--set train.lr=-1"), "train.lr = -1.0 is out of range");
 }
 
+TEST_F(CliErrors, FreezePrefixThatNamesNoParameter) {
+    expect_error(train("--set train.freeze=wte.,h.99."),
+                 "train.freeze: 'h.99.' is the prefix of no parameter");
+}
+
 TEST_F(CliErrors, BadConfigFileNamesFileAndLine) {
     const fs::path cfg = dir_ / "bad.toml";
     std::ofstream(cfg) << "[train]\nsteps = 3\nbatch_size = \"x\"\n";

@@ -11,8 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <thread>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "core/error.h"
 
@@ -64,10 +64,26 @@ static FileDigest atomic_write_parts(const std::string& path,
         throw IoError(fmt::format("{}: cannot create: {}", tmp, std::strerror(errno)));
     }
     try {
+        // In blocks, each hashed while it is still in cache; every 64 MiB
+        // the kernel is told to start writing the last window back, so the
+        // disk works while later blocks are copied and the final fsync has
+        // little left to do (one big write then one fsync ran at about half
+        // of dd's rate here).
+        constexpr size_t kBlock = size_t(4) << 20, kWindow = size_t(64) << 20;
+        size_t flushed = 0;
         for (const auto& [p, n] : parts) {
-            write_all(fd, p, n, tmp);
-            XXH64_update(state, p, n);
-            digest.bytes += n;
+            const char* c = static_cast<const char*>(p);
+            for (size_t at = 0; at < n; at += kBlock) {
+                const size_t len = std::min(kBlock, n - at);
+                write_all(fd, c + at, len, tmp);
+                XXH64_update(state, c + at, len);
+                digest.bytes += len;
+                if (digest.bytes - flushed >= kWindow) {
+                    ::sync_file_range(fd, off_t(flushed), off_t(digest.bytes - flushed),
+                                      SYNC_FILE_RANGE_WRITE);
+                    flushed = digest.bytes;
+                }
+            }
         }
         if (::fsync(fd) != 0) {
             throw IoError(fmt::format("{}: fsync failed: {}", tmp, std::strerror(errno)));

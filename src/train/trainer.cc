@@ -103,8 +103,7 @@ void validate_config(const core::Config& c, int world_size) {
                 throw ConfigError(fmt::format(
                     "train.freeze: '{}' is the prefix of no parameter of this model (its "
                     "parameters are named like '{}' and '{}'; `apiary ckpt inspect` lists them)",
-                    prefix, m.registry().entries().front().name,
-                    m.registry().entries()[1].name));
+                    prefix, m.registry().entries().front().name, m.registry().entries()[1].name));
             }
         }
     }

@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/text.h"
 
 extern char** environ;
 
@@ -61,28 +62,7 @@ std::string Svg::str() const {
         w_, h_, w_, h_, body_);
 }
 
-std::string xml_escape(const std::string& s) {
-    std::string o;
-    for (char c : s) {
-        switch (c) {
-            case '&':
-                o += "&amp;";
-                break;
-            case '<':
-                o += "&lt;";
-                break;
-            case '>':
-                o += "&gt;";
-                break;
-            case '"':
-                o += "&quot;";
-                break;
-            default:
-                o += c;
-        }
-    }
-    return o;
-}
+std::string xml_escape(const std::string& s) { return core::xml_escape(s); }
 
 std::vector<double> nice_ticks(double lo, double hi, int target) {
     std::vector<double> t;

@@ -42,12 +42,19 @@ struct RunRecord {
     int steps = 0;
 };
 // Keys of config.toml that the schema does not know (the trainer's own) are
-// skipped; `device` (if not empty) replaces cluster.device.
+// skipped; `device` (if not empty) replaces cluster.device. The run is
+// apiary's trainer's, so cluster.implementation is apiary whatever it says.
 RunRecord read_run(const std::string& dir, const core::Schema& schema, const std::string& device);
 // Median step time of metrics.jsonl lines with "step_time_s", skipping warm-up.
 double median_step_time(const std::string& metrics_path, int* steps, long long* world_size);
 
 Calibration calibrate(const std::vector<RunRecord>& runs);
+
+// Runs the calibration did not see, predicted with the catalog's constants
+// (before_s) and with the calibration's (after_s).
+std::vector<Calibration::Row> predict(const Calibration& cal, const std::vector<RunRecord>& runs);
+// Root mean square of after_s / measured_s - 1 (before_s with `before`).
+double rms_rel_err(const std::vector<Calibration::Row>& rows, bool before = false);
 
 // The x in [lo, hi] (lo > 0) that minimises f, by golden-section search in
 // log space: the fits here have few parameters and smooth objectives.

@@ -4,6 +4,7 @@
 // lists the catalog. Formulas: docs/planner.md.
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdio>
 
@@ -207,6 +208,10 @@ void setup(CLI::App& app) {
         if (c.gemm_knee > 0) fmt::print(", gemm_knee {:.4g}", c.gemm_knee);
         if (c.intra_bw > 0) fmt::print(", intra bw {:.4g} GB/s", c.intra_bw / 1e9);
         if (c.intra_latency > 0) fmt::print(", latency {:.4g} us", c.intra_latency * 1e6);
+        if (!c.at_bound.empty()) {
+            fmt::print("\nat the edge of the search range, so not measurable in these runs: {}",
+                       fmt::join(c.at_bound, ", "));
+        }
         fmt::print("\n{:<9} {:<28} {:<50} {:>6} {:>10} {:>10} {:>10} {:>7}\n", "", "run", "layout",
                    "ranks", "measured s", "before s", "after s", "error");
         auto table = [](const char* kind, const std::vector<plan::Calibration::Row>& rows) {

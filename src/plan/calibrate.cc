@@ -58,7 +58,13 @@ void write_calibration(const Calibration& cal, const std::string& path) {
     out << fmt::format("intra_latency_us = {:.6g}\n", cal.intra_latency * 1e6);
     out << fmt::format("runs = {}\n", cal.runs);
     out << fmt::format("rms_rel_err_before = {:.6g}\n", cal.rms_rel_err_before);
-    out << fmt::format("rms_rel_err = {:.6g}\n\n", cal.rms_rel_err_after);
+    out << fmt::format("rms_rel_err = {:.6g}\n", cal.rms_rel_err_after);
+    out << "# fitted values at the edge of their search range: not measurable in these runs\n";
+    out << "at_bound = [";
+    for (size_t i = 0; i < cal.at_bound.size(); ++i) {
+        out << (i ? ", " : "") << core::toml_quote(cal.at_bound[i]);
+    }
+    out << "]\n\n";
     for (const auto& r : cal.rows) {
         out << "[[calibration.run]]\n";
         out << "dir = " << core::toml_quote(r.dir) << "\n";
@@ -269,10 +275,10 @@ Calibration calibrate(const std::vector<RunRecord>& runs) {
     // latency only with two or more distinct multi-rank shapes.
     const Cluster& c0 = runs[0].in.c;
     cal.gemm_eff = c0.dev.gemm_eff;
-    std::vector<Param> params{{"gemm_eff", 1e-3, 1.0, &cal.gemm_eff}};
+    std::vector<Param> params{{"gemm_eff", 1e-3, 4.0, &cal.gemm_eff}};
     if (runs.size() >= 3) {
         cal.mem_eff = c0.dev.mem_eff;
-        params.push_back({"mem_eff", 1e-3, 1.0, &cal.mem_eff});
+        params.push_back({"mem_eff", 1e-3, 16.0, &cal.mem_eff});
     }
     std::set<std::string> shapes;
     for (const auto& r : runs) {
@@ -289,11 +295,11 @@ Calibration calibrate(const std::vector<RunRecord>& runs) {
     }
     if (!multi.empty()) {
         cal.intra_bw = c0.intra.bw * c0.intra.efficiency;
-        params.push_back({"intra_bw", 1e7, 1e12, &cal.intra_bw});
+        params.push_back({"intra_bw_gbs", 1e7, 1e12, &cal.intra_bw});
     }
     if (multi.size() >= 2) {
         cal.intra_latency = c0.intra.latency;
-        params.push_back({"intra_latency", 1e-8, 1e-1, &cal.intra_latency});
+        params.push_back({"intra_latency_us", 1e-8, 1e-1, &cal.intra_latency});
     }
     // Coordinate descent, golden-section search in log space per parameter:
     // few parameters, a smooth objective, and no library worth a dependency.
@@ -303,6 +309,14 @@ Calibration calibrate(const std::vector<RunRecord>& runs) {
                 *p.value = x;
                 return objective(runs, cal, nullptr);
             });
+        }
+    }
+    // A value at the edge of its range is not measured: the runs would have
+    // it further out (a link too fast to show, a cost lost in the noise).
+    for (const auto& p : params) {
+        if (std::abs(std::log(*p.value / p.lo)) < 0.01 ||
+            std::abs(std::log(p.hi / *p.value)) < 0.01) {
+            cal.at_bound.push_back(p.name);
         }
     }
     objective(runs, cal, &after);

@@ -21,6 +21,9 @@ struct Calibration {
     double intra_latency = 0;  // s
     int runs = 0;
     double rms_rel_err_before = 0, rms_rel_err_after = 0;
+    // Fitted constants (by their file keys) that ended at the edge of their
+    // search range: the runs do not measure them.
+    std::vector<std::string> at_bound;
     struct Row {
         std::string dir, layout;
         long long world_size = 1;

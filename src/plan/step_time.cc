@@ -290,24 +290,31 @@ void dp_time(const Workload& w, const Layout& l, const Cluster& c, const PerMicr
     st.dp_exposed = nm * std::max(0.0, per_mb - window);
 }
 
+// Whether CPU ranks outnumber the cores they share: then a rank that waits
+// (for a pipeline neighbour) gives its core to another.
+double oversubscription(const Cluster& c) {
+    return c.dev.shared_by_ranks ? double(c.ranks_per_node()) / c.dev.cores : 1.0;
+}
+bool pooled(const Layout& l, const Cluster& c) { return l.pp > 1 && oversubscription(c) > 1; }
+
 // The pipeline's fill and drain, seconds per step. A stage idles for them:
-// the bubble fraction of the micro-batches' time. CPU ranks share the node's
-// cores (every time above is at a rank's share of them), so with more ranks
-// than cores a waiting stage's core goes to another rank: the step lasts the
-// longer of every rank's work over the cores and the schedule's critical
-// path at full core speed, plus the start and the end, when fewer ranks
-// than cores have work (stage 0 runs the first forward alone and the last
-// backward alone).
-double pipeline_bubble(const Layout& l, const Cluster& c, double f, double busy, double t_op) {
+// the bubble fraction of the fullest stage's micro-batches (`full`).
+// Pooled, the cores go where there is work: the step lasts the longer of
+// the average stage's work (`busy`, every time here is at a rank's share of
+// the cores) and the schedule's critical path at full core speed, plus the
+// start and the end, when fewer ranks than cores have work (stage 0 runs
+// the first forward alone and the last backward alone). `op`: one chunk's
+// forward and backward of one micro-batch.
+double pipeline_bubble(const Layout& l, const Cluster& c, double f, double busy, double full,
+                       double op) {
     if (l.pp <= 1) return 0;
-    const double cores = c.dev.cores, ranks = double(c.ranks_per_node());
-    const double over = c.dev.shared_by_ranks ? ranks / cores : 1.0;
-    if (over <= 1) return f * busy;
-    const double critical = (1 + f) * busy / over - busy;
-    const double per_stage = ranks / l.pp;
+    if (!pooled(l, c)) return f * full;
+    const double over = oversubscription(c), cores = c.dev.cores;
+    const double critical = (1 + f) * full / over - busy;
+    const double per_stage = double(c.ranks_per_node()) / l.pp;
     double ramp = 0;
     for (int k = 1; k < l.pp && k * per_stage < cores; ++k) {
-        ramp += (cores - k * per_stage) / cores * t_op / over;
+        ramp += (cores - k * per_stage) / cores * op / over;
     }
     return std::max(critical, ramp);
 }
@@ -330,17 +337,24 @@ StepTime step_time(const Workload& w, const Layout& l, const Cluster& c) {
     const long long pp_stride = (long long)l.tp * l.cp * l.dp;
     const double p2p = l.pp > 1 ? 2 * chunks * p2p_s(c, pp_stride, pp_msg) : 0;
 
-    const double per_mb_compute = pm.compute + head;
-    const double t_mb = per_mb_compute + pm.rec + pm.tp + pm.cp + pm.ep + p2p;
+    // A pipeline on cores its ranks share (pooled()) lasts as long as its
+    // average stage works, the blocks and the head spread over the stages;
+    // elsewhere every stage waits for the fullest, which holds the head.
+    const double t_mb = pm.compute + head + pm.rec + pm.tp + pm.cp + pm.ep + p2p;
+    const bool pool = pooled(l, c);
+    const double blocks = pool ? double(m.n_layer) / l.pp / stage_layers(m, l) : 1.0;
+    const double per_mb_compute = pm.compute * blocks + head / (pool ? l.pp : 1);
     const double nm = double(l.n_micro);
     st.bubble_fraction = l.pp > 1 ? bubble_fraction(l.pp, l.n_micro, chunks) : 0;
     st.compute = nm * per_mb_compute;
-    st.recompute = nm * pm.rec;
-    st.tp_comm = nm * pm.tp;
-    st.cp_comm = nm * pm.cp;
-    st.ep_comm = nm * pm.ep;
+    st.recompute = nm * pm.rec * blocks;
+    st.tp_comm = nm * pm.tp * blocks;
+    st.cp_comm = nm * pm.cp * blocks;
+    st.ep_comm = nm * pm.ep * blocks;
     st.pp_comm = nm * p2p;
-    st.bubble = pipeline_bubble(l, c, st.bubble_fraction, nm * t_mb, t_mb / chunks);
+    const double busy =
+        st.compute + st.recompute + st.tp_comm + st.cp_comm + st.ep_comm + st.pp_comm;
+    st.bubble = pipeline_bubble(l, c, st.bubble_fraction, busy, nm * t_mb, t_mb / chunks);
     PerMicro window = pm;
     window.compute = per_mb_compute;
     dp_time(w, l, c, window, st);

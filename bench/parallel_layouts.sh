@@ -22,7 +22,7 @@ layouts=(
   "tp2 dp2 full|--tp 2 --recompute full|parallel.tp=2 parallel.dp=2 parallel.recompute=full"
   "pp4 1f1b m8|--pp 4 --microbatches 8|parallel.pp=4 parallel.microbatches=8"
   "pp4 gpipe m8|--pp 4 --microbatches 8 --schedule gpipe|parallel.pp=4 parallel.microbatches=8 parallel.schedule=gpipe"
-  "pp2 interleaved v2 m4 dp2|--pp 2 --microbatches 4 --schedule interleaved --virtual-stages 2|parallel.pp=2 parallel.dp=2 parallel.microbatches=4 parallel.schedule=interleaved plan.virtual_stages=2"
+  "pp2 interleaved v2 m4 dp2|--pp 2 --microbatches 4 --schedule interleaved --virtual-stages 2|parallel.pp=2 parallel.dp=2 parallel.microbatches=4 parallel.schedule=interleaved parallel.virtual_stages=2"
   "pp2 dp2 m4|--pp 2 --microbatches 4|parallel.pp=2 parallel.dp=2 parallel.microbatches=4"
   "tp2 pp2 m4|--tp 2 --pp 2 --microbatches 4|parallel.tp=2 parallel.pp=2 parallel.microbatches=4"
 )

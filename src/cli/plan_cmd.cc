@@ -4,6 +4,7 @@
 // lists the catalog. Formulas: docs/planner.md.
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdio>
 
@@ -186,29 +187,49 @@ void setup(CLI::App& app) {
     s->callback([] { run_search(search_opts, rank_by == "cost", top, vary); });
 
     auto* cal = cmd->add_subcommand("calibrate", "fit device constants to measured runs");
-    static std::vector<std::string> dirs;
+    static std::vector<std::string> dirs, holdout;
     static std::string out = "calibration.toml", device;
     cal->add_option("run_dirs", dirs, "run directories (config.toml + metrics.jsonl)")->required();
     cal->add_option("--out", out, "calibration file to write");
     cal->add_option("--device", device, "device the runs ran on (default: their cluster.device)");
+    cal->add_option("--holdout", holdout,
+                    "run directories not fitted on: predicted before and after, with their error");
     cal->callback([] {
-        std::vector<plan::RunRecord> runs;
-        for (const auto& d : dirs) runs.push_back(plan::read_run(d, full_schema(), device));
-        const plan::Calibration c = plan::calibrate(runs);
+        auto read = [](const std::vector<std::string>& ds) {
+            std::vector<plan::RunRecord> runs;
+            for (const auto& d : ds) runs.push_back(plan::read_run(d, full_schema(), device));
+            return runs;
+        };
+        const plan::Calibration c = plan::calibrate(read(dirs));
+        const auto held = plan::predict(c, read(holdout));
         plan::write_calibration(c, out);
         fmt::print("calibrated {} on {} runs: gemm_eff {:.4g}", c.device, c.runs, c.gemm_eff);
         if (c.mem_eff > 0) fmt::print(", mem_eff {:.4g}", c.mem_eff);
         if (c.gemm_knee > 0) fmt::print(", gemm_knee {:.4g}", c.gemm_knee);
         if (c.intra_bw > 0) fmt::print(", intra bw {:.4g} GB/s", c.intra_bw / 1e9);
         if (c.intra_latency > 0) fmt::print(", latency {:.4g} us", c.intra_latency * 1e6);
-        fmt::print("\n{:<40} {:>6} {:>11} {:>11} {:>11}\n", "run", "ranks", "measured s",
-                   "before s", "after s");
-        for (const auto& r : c.rows) {
-            fmt::print("{:<40} {:>6} {:>11.4g} {:>11.4g} {:>11.4g}\n", r.dir, r.world_size,
-                       r.measured_s, r.before_s, r.after_s);
+        if (!c.at_bound.empty()) {
+            fmt::print("\nat the edge of the search range, so not measurable in these runs: {}",
+                       fmt::join(c.at_bound, ", "));
         }
-        fmt::print("rms relative error {:.1f}% -> {:.1f}%; wrote {}\n", 100 * c.rms_rel_err_before,
-                   100 * c.rms_rel_err_after, out);
+        fmt::print("\n{:<9} {:<28} {:<50} {:>6} {:>10} {:>10} {:>10} {:>7}\n", "", "run", "layout",
+                   "ranks", "measured s", "before s", "after s", "error");
+        auto table = [](const char* kind, const std::vector<plan::Calibration::Row>& rows) {
+            for (const auto& r : rows) {
+                fmt::print("{:<9} {:<28} {:<50} {:>6} {:>10.4g} {:>10.4g} {:>10.4g} {:>+6.1f}%\n",
+                           kind, r.dir, r.layout, r.world_size, r.measured_s, r.before_s, r.after_s,
+                           100 * (r.after_s / r.measured_s - 1));
+            }
+        };
+        table("fitted", c.rows);
+        table("held out", held);
+        fmt::print("rms relative error {:.1f}% -> {:.1f}%", 100 * c.rms_rel_err_before,
+                   100 * c.rms_rel_err_after);
+        if (!held.empty()) {
+            fmt::print("; held out {:.1f}% -> {:.1f}%", 100 * plan::rms_rel_err(held, true),
+                       100 * plan::rms_rel_err(held));
+        }
+        fmt::print("; wrote {}\n", out);
     });
 
     auto* val = cmd->add_subcommand(

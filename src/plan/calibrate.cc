@@ -58,7 +58,13 @@ void write_calibration(const Calibration& cal, const std::string& path) {
     out << fmt::format("intra_latency_us = {:.6g}\n", cal.intra_latency * 1e6);
     out << fmt::format("runs = {}\n", cal.runs);
     out << fmt::format("rms_rel_err_before = {:.6g}\n", cal.rms_rel_err_before);
-    out << fmt::format("rms_rel_err = {:.6g}\n\n", cal.rms_rel_err_after);
+    out << fmt::format("rms_rel_err = {:.6g}\n", cal.rms_rel_err_after);
+    out << "# fitted values at the edge of their search range: not measurable in these runs\n";
+    out << "at_bound = [";
+    for (size_t i = 0; i < cal.at_bound.size(); ++i) {
+        out << (i ? ", " : "") << core::toml_quote(cal.at_bound[i]);
+    }
+    out << "]\n\n";
     for (const auto& r : cal.rows) {
         out << "[[calibration.run]]\n";
         out << "dir = " << core::toml_quote(r.dir) << "\n";
@@ -154,6 +160,40 @@ void set_from_toml(core::Config& cfg, const core::Schema& schema, const toml::ta
     }
 }
 
+// The vocabulary a run trained with when its config left model.vocab_size
+// at 0 (the tokenizer's): one more than the largest id of its
+// tokenizer.json (Hugging Face format: model.vocab and added_tokens); 0 if
+// the run has none.
+int64_t tokenizer_vocab(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) return 0;
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::parse_error& e) {
+        throw DataError(fmt::format("calibrate: {} is not JSON ({})", path, e.what()));
+    }
+    int64_t top = -1;
+    auto take = [&](const nlohmann::json& id) {
+        if (id.is_number_integer()) top = std::max(top, id.get<int64_t>());
+    };
+    if (j.contains("model") && j["model"].contains("vocab") && j["model"]["vocab"].is_object()) {
+        for (const auto& [tok, id] : j["model"]["vocab"].items()) take(id);
+    }
+    if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
+        for (const auto& t : j["added_tokens"]) {
+            if (t.is_object() && t.contains("id")) take(t["id"]);
+        }
+    }
+    if (top < 0) {
+        throw DataError(fmt::format(
+            "calibrate: {} has no token ids (model.vocab, added_tokens); set model.vocab_size "
+            "in the run's config.toml",
+            path));
+    }
+    return top + 1;
+}
+
 }  // namespace
 
 RunRecord read_run(const std::string& dir, const core::Schema& schema, const std::string& device) {
@@ -178,7 +218,14 @@ RunRecord read_run(const std::string& dir, const core::Schema& schema, const std
         median_step_time((fs::path(dir) / "metrics.jsonl").string(), &r.steps, &r.world_size);
     if (!device.empty()) cfg.set_value("cluster.device", device, "--device");
     cfg.set_value("cluster.gpus", int64_t(r.world_size), "metrics.jsonl world_size");
+    if (cfg.get_int("model.vocab_size") == 0) {
+        const std::string tok = (fs::path(dir) / "tokenizer.json").string();
+        if (const int64_t v = tokenizer_vocab(tok); v > 0) {
+            cfg.set_value("model.vocab_size", v, tok);
+        }
+    }
     cfg.set_value("plan.calibration", std::string(), "calibrate");
+    cfg.set_value("cluster.implementation", std::string("apiary"), "a run of apiary's trainer");
     r.in = plan_input(cfg);
     return r;
 }
@@ -205,15 +252,6 @@ double objective(const std::vector<RunRecord>& runs, const Calibration& cal,
     return sum;
 }
 
-double rms_rel(const std::vector<RunRecord>& runs, const std::vector<double>& preds) {
-    double s = 0;
-    for (size_t i = 0; i < runs.size(); ++i) {
-        const double e = preds[i] / runs[i].step_time_s - 1;
-        s += e * e;
-    }
-    return std::sqrt(s / double(runs.size()));
-}
-
 }  // namespace
 
 Calibration calibrate(const std::vector<RunRecord>& runs) {
@@ -231,17 +269,16 @@ Calibration calibrate(const std::vector<RunRecord>& runs) {
     cal.runs = int(runs.size());
     std::vector<double> before(runs.size()), after(runs.size());
     objective(runs, cal, &before);  // catalog constants: nothing applied yet
-    cal.rms_rel_err_before = rms_rel(runs, before);
 
     // What the runs can pin down: compute always; memory-bound work with
     // three or more runs; the link between ranks with multi-rank runs, its
     // latency only with two or more distinct multi-rank shapes.
     const Cluster& c0 = runs[0].in.c;
     cal.gemm_eff = c0.dev.gemm_eff;
-    std::vector<Param> params{{"gemm_eff", 1e-3, 1.0, &cal.gemm_eff}};
+    std::vector<Param> params{{"gemm_eff", 1e-3, 4.0, &cal.gemm_eff}};
     if (runs.size() >= 3) {
         cal.mem_eff = c0.dev.mem_eff;
-        params.push_back({"mem_eff", 1e-3, 1.0, &cal.mem_eff});
+        params.push_back({"mem_eff", 1e-3, 16.0, &cal.mem_eff});
     }
     std::set<std::string> shapes;
     for (const auto& r : runs) {
@@ -258,11 +295,11 @@ Calibration calibrate(const std::vector<RunRecord>& runs) {
     }
     if (!multi.empty()) {
         cal.intra_bw = c0.intra.bw * c0.intra.efficiency;
-        params.push_back({"intra_bw", 1e7, 1e12, &cal.intra_bw});
+        params.push_back({"intra_bw_gbs", 1e7, 1e12, &cal.intra_bw});
     }
     if (multi.size() >= 2) {
         cal.intra_latency = c0.intra.latency;
-        params.push_back({"intra_latency", 1e-8, 1e-1, &cal.intra_latency});
+        params.push_back({"intra_latency_us", 1e-8, 1e-1, &cal.intra_latency});
     }
     // Coordinate descent, golden-section search in log space per parameter:
     // few parameters, a smooth objective, and no library worth a dependency.
@@ -274,13 +311,44 @@ Calibration calibrate(const std::vector<RunRecord>& runs) {
             });
         }
     }
+    // A value at the edge of its range is not measured: the runs would have
+    // it further out (a link too fast to show, a cost lost in the noise).
+    for (const auto& p : params) {
+        if (std::abs(std::log(*p.value / p.lo)) < 0.01 ||
+            std::abs(std::log(p.hi / *p.value)) < 0.01) {
+            cal.at_bound.push_back(p.name);
+        }
+    }
     objective(runs, cal, &after);
-    cal.rms_rel_err_after = rms_rel(runs, after);
     for (size_t i = 0; i < runs.size(); ++i) {
         cal.rows.push_back({runs[i].dir, layout_string(runs[i].in.l), runs[i].world_size,
                             runs[i].step_time_s, before[i], after[i]});
     }
+    cal.rms_rel_err_before = rms_rel_err(cal.rows, true);
+    cal.rms_rel_err_after = rms_rel_err(cal.rows);
     return cal;
+}
+
+std::vector<Calibration::Row> predict(const Calibration& cal, const std::vector<RunRecord>& runs) {
+    std::vector<Calibration::Row> rows;
+    for (const auto& r : runs) {
+        Cluster c = r.in.c;
+        const double before = step_time(r.in.w, r.in.l, c).total;
+        apply_calibration(cal, c);
+        rows.push_back({r.dir, layout_string(r.in.l), r.world_size, r.step_time_s, before,
+                        step_time(r.in.w, r.in.l, c).total});
+    }
+    return rows;
+}
+
+double rms_rel_err(const std::vector<Calibration::Row>& rows, bool before) {
+    if (rows.empty()) return 0;
+    double s = 0;
+    for (const auto& r : rows) {
+        const double e = (before ? r.before_s : r.after_s) / r.measured_s - 1;
+        s += e * e;
+    }
+    return std::sqrt(s / double(rows.size()));
 }
 
 double golden_log_min(double lo, double hi, const std::function<double(double)>& f) {

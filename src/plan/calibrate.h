@@ -21,6 +21,9 @@ struct Calibration {
     double intra_latency = 0;  // s
     int runs = 0;
     double rms_rel_err_before = 0, rms_rel_err_after = 0;
+    // Fitted constants (by their file keys) that ended at the edge of their
+    // search range: the runs do not measure them.
+    std::vector<std::string> at_bound;
     struct Row {
         std::string dir, layout;
         long long world_size = 1;
@@ -42,12 +45,19 @@ struct RunRecord {
     int steps = 0;
 };
 // Keys of config.toml that the schema does not know (the trainer's own) are
-// skipped; `device` (if not empty) replaces cluster.device.
+// skipped; `device` (if not empty) replaces cluster.device. The run is
+// apiary's trainer's, so cluster.implementation is apiary whatever it says.
 RunRecord read_run(const std::string& dir, const core::Schema& schema, const std::string& device);
 // Median step time of metrics.jsonl lines with "step_time_s", skipping warm-up.
 double median_step_time(const std::string& metrics_path, int* steps, long long* world_size);
 
 Calibration calibrate(const std::vector<RunRecord>& runs);
+
+// Runs the calibration did not see, predicted with the catalog's constants
+// (before_s) and with the calibration's (after_s).
+std::vector<Calibration::Row> predict(const Calibration& cal, const std::vector<RunRecord>& runs);
+// Root mean square of after_s / measured_s - 1 (before_s with `before`).
+double rms_rel_err(const std::vector<Calibration::Row>& rows, bool before = false);
 
 // The x in [lo, hi] (lo > 0) that minimises f, by golden-section search in
 // log space: the fits here have few parameters and smooth objectives.

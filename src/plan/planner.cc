@@ -112,6 +112,7 @@ void apply_profile(Cluster& c, Impl impl) {
     c.impl_eff = 1.0, c.pp_scatter = true, c.moe_overlap = 0, c.cp_overlap = 1;
     c.dp_overlap = c.dev.dp_overlap, c.zero3_gathers = 1, c.launch_s = kLaunchS;
     c.fused_ce = true, c.alloc_frac = c.dev.kind == "cpu" ? 0.0 : kAllocFrac;
+    c.pp_wire_bytes = 0, c.zero2_per_micro = false, c.selective_reruns_attention = false;
     switch (impl) {
         case Impl::megatron:
             break;
@@ -135,9 +136,14 @@ void apply_profile(Cluster& c, Impl impl) {
             c.impl_eff = kFsdpEff, c.pp_scatter = false, c.fused_ce = false;
             break;
         case Impl::apiary:
-            // This project's trainer: a blocking all-reduce after backward,
-            // its own allocator.
-            c.pp_scatter = false, c.dp_overlap = 0, c.zero3_gathers = 0, c.alloc_frac = 0;
+            // This project's trainer (src/parallel/): gradients reduced after
+            // backward on CPU ranks, every tensor-parallel rank sends the whole
+            // fp32 activation to the next stage, ZeRO-3 gathers one flat unit
+            // per block, ZeRO-2 reduce-scatters on every micro-step, selective
+            // recomputation reruns the attention core's forward (its output and
+            // log-sum-exp are not kept), its own allocator.
+            c.pp_scatter = false, c.dp_overlap = 0, c.zero3_gathers = 1, c.alloc_frac = 0;
+            c.pp_wire_bytes = 4, c.zero2_per_micro = true, c.selective_reruns_attention = true;
             break;
     }
 }
@@ -164,10 +170,10 @@ void add_keys(core::Schema& s) {
                "fraction of a micro-batch's backward that can hide DP communication "
                "(-1: the device's: 1 for GPUs, 0 for CPU ranks)",
                -1, 1);
-    s.add_string("cluster.implementation", "megatron",
+    s.add_string("cluster.implementation", "auto",
                  "software stack: megatron, megatron-2019, deepspeed, fsdp or apiary "
-                 "(docs/planner.md)",
-                 {"megatron", "megatron-2019", "deepspeed", "fsdp", "apiary"});
+                 "(docs/planner.md); auto: apiary on a CPU device, megatron on accelerators",
+                 {"auto", "megatron", "megatron-2019", "deepspeed", "fsdp", "apiary"});
     s.add_int("cluster.zero3_gathers_per_block", -1,
               "ZeRO-3 all-gathers per block: 1 for FSDP-style flat parameters, 0 for one per "
               "weight tensor (12 for GPT, 9 for LLaMA); -1: the implementation's",
@@ -215,8 +221,6 @@ void add_keys(core::Schema& s) {
     s.add_real("plan.tokens", 0, "tokens to train on, for time-to-train and totals", 0, 1e18);
     s.add_int("plan.global_batch", 0,
               "sequences per optimizer step (0: train.batch_size * train.grad_accum * dp)", 0, 1e9);
-    s.add_int("plan.virtual_stages", 2, "model chunks per stage for the interleaved schedule", 1,
-              64);
     s.add_string("plan.calibration", "", "calibration file from `apiary plan calibrate`");
 }
 
@@ -245,7 +249,11 @@ Cluster cluster_from(const core::Config& cfg, long long devices) {
     }
     c.n = devices;
     c.algo = parse_algo(cfg.get_string("cluster.collective"));
-    apply_profile(c, parse_impl(cfg.get_string("cluster.implementation")));
+    const std::string& impl = cfg.get_string("cluster.implementation");
+    // Only this project's trainer runs on a CPU device; accelerators are
+    // described by the stack the catalog's constants were fitted on.
+    apply_profile(
+        c, impl == "auto" ? (d.kind == "cpu" ? Impl::apiary : Impl::megatron) : parse_impl(impl));
     if (auto v = cfg.get_real("cluster.dp_overlap"); v >= 0) c.dp_overlap = v;
     if (auto v = cfg.get_int("cluster.zero3_gathers_per_block"); v >= 0) c.zero3_gathers = int(v);
     if (auto v = cfg.get_real("cluster.moe_overlap"); v >= 0) c.moe_overlap = v;
@@ -387,7 +395,7 @@ PlanInput resolve_input(const core::Config& cfg, bool check_layout) {
             cfg.get_string("parallel.axis_order")));
     }
     l.schedule = parse_schedule(cfg.get_string("parallel.schedule"));
-    l.vpp = l.schedule == Schedule::interleaved ? int(cfg.get_int("plan.virtual_stages")) : 1;
+    l.vpp = l.schedule == Schedule::interleaved ? int(cfg.get_int("parallel.virtual_stages")) : 1;
     l.micro_batch = int(cfg.get_int("train.batch_size"));
     const long long model_par = (long long)l.tp * l.cp * l.pp;
     long long n = cfg.get_int("cluster.gpus");
@@ -450,7 +458,7 @@ std::vector<std::string> plan_warnings(const Workload& w, const Layout& l, const
             "block's all-reduces cross the network",
             l.tp, c.ranks_per_node()));
     }
-    if (w.flash && l.recompute == Recompute::selective) {
+    if (w.flash && l.recompute == Recompute::selective && !c.selective_reruns_attention) {
         v.push_back(
             "parallel.recompute = selective recomputes the attention scores, which fused "
             "attention (plan.attention = flash) never stores: it changes nothing");

@@ -206,7 +206,7 @@ PerMicro per_micro(const Workload& w, const Layout& l, const Cluster& c) {
     p.compute =
         each([](const LayerCost& x) { return 3 * x.fwd - 2 * x.attn_core + x.attn_bwd + x.once; });
     if (l.recompute == Recompute::full) p.rec = p.fwd;
-    if (l.recompute == Recompute::selective && !w.flash) {
+    if (l.recompute == Recompute::selective && (!w.flash || c.selective_reruns_attention)) {
         p.rec = each([](const LayerCost& x) { return x.attn_core; });
     }
     const double attn_time = each([](const LayerCost& x) { return x.attn_core + x.attn_bwd; });
@@ -220,7 +220,11 @@ PerMicro per_micro(const Workload& w, const Layout& l, const Cluster& c) {
     const double msg = double(w.seq_len) / l.cp * l.micro_batch * m.n_embd *
                        act_bytes(w.dtype == Dtype::fp8 ? Dtype::bf16 : w.dtype);
     const double one = all_reduce_s(c, Group{l.tp, 1}, msg, true);
-    p.tp = lp * one * (4 + (l.recompute == Recompute::full ? 2 : 0));
+    // Plus the vocabulary-parallel embedding's sum in forward and the
+    // gradient of the head's input in backward: both on one stage, or one
+    // each on the first and last.
+    const double ends = l.pp == 1 ? 2 : 1;
+    p.tp = (lp * (4 + (l.recompute == Recompute::full ? 2 : 0)) + ends) * one;
     return p;
 }
 
@@ -255,8 +259,12 @@ void dp_time(const Workload& w, const Layout& l, const Cluster& c, const PerMicr
         // bucketed behind the last micro-batch's backward. ZeRO 1-2 (and
         // Megatron's distributed optimizer) do it as a reduce-scatter of the
         // gradients and an all-gather of the updated weights: ring only.
+        // A ZeRO-2 that reduce-scatters on every micro-step (apiary's) adds
+        // a reduce-scatter for each micro-batch before the last.
+        const double extra = l.zero == 2 && c.zero2_per_micro ? nm - 1 : 0;
         auto reduce = [&](Group g, double bytes) {
-            return l.zero >= 1 ? 2 * reduce_scatter_s(c, g, bytes) : all_reduce_s(c, g, bytes);
+            return l.zero >= 1 ? (2 + extra) * reduce_scatter_s(c, g, bytes)
+                               : all_reduce_s(c, g, bytes);
         };
         st.dp_comm = reduce(dense, p.dense * sb.grad) + reduce(expert, p.expert * sb.grad);
         const double window = c.dp_overlap * 2 * pm.fwd;
@@ -282,6 +290,35 @@ void dp_time(const Workload& w, const Layout& l, const Cluster& c, const PerMicr
     st.dp_exposed = nm * std::max(0.0, per_mb - window);
 }
 
+// Whether CPU ranks outnumber the cores they share: then a rank that waits
+// (for a pipeline neighbour) gives its core to another.
+double oversubscription(const Cluster& c) {
+    return c.dev.shared_by_ranks ? double(c.ranks_per_node()) / c.dev.cores : 1.0;
+}
+bool pooled(const Layout& l, const Cluster& c) { return l.pp > 1 && oversubscription(c) > 1; }
+
+// The pipeline's fill and drain, seconds per step. A stage idles for them:
+// the bubble fraction of the fullest stage's micro-batches (`full`).
+// Pooled, the cores go where there is work: the step lasts the longer of
+// the average stage's work (`busy`, every time here is at a rank's share of
+// the cores) and the schedule's critical path at full core speed, plus the
+// start and the end, when fewer ranks than cores have work (stage 0 runs
+// the first forward alone and the last backward alone). `op`: one chunk's
+// forward and backward of one micro-batch.
+double pipeline_bubble(const Layout& l, const Cluster& c, double f, double busy, double full,
+                       double op) {
+    if (l.pp <= 1) return 0;
+    if (!pooled(l, c)) return f * full;
+    const double over = oversubscription(c), cores = c.dev.cores;
+    const double critical = (1 + f) * full / over - busy;
+    const double per_stage = double(c.ranks_per_node()) / l.pp;
+    double ramp = 0;
+    for (int k = 1; k < l.pp && k * per_stage < cores; ++k) {
+        ramp += (cores - k * per_stage) / cores * op / over;
+    }
+    return std::max(critical, ramp);
+}
+
 }  // namespace
 
 StepTime step_time(const Workload& w, const Layout& l, const Cluster& c) {
@@ -294,22 +331,30 @@ StepTime step_time(const Workload& w, const Layout& l, const Cluster& c) {
     // backward per micro-batch (and per chunk when interleaved); Megatron's
     // scatter/gather sends 1/t of them per rank.
     const int chunks = l.schedule == Schedule::interleaved ? l.vpp : 1;
-    const double pp_msg = double(w.seq_len) / l.cp * l.micro_batch * m.n_embd * act_bytes(w.dtype) /
-                          (c.pp_scatter ? l.tp : 1);
+    const double wire = c.pp_wire_bytes > 0 ? c.pp_wire_bytes : act_bytes(w.dtype);
+    const double pp_msg =
+        double(w.seq_len) / l.cp * l.micro_batch * m.n_embd * wire / (c.pp_scatter ? l.tp : 1);
     const long long pp_stride = (long long)l.tp * l.cp * l.dp;
     const double p2p = l.pp > 1 ? 2 * chunks * p2p_s(c, pp_stride, pp_msg) : 0;
 
-    const double per_mb_compute = pm.compute + head;
-    const double t_mb = per_mb_compute + pm.rec + pm.tp + pm.cp + pm.ep + p2p;
+    // A pipeline on cores its ranks share (pooled()) lasts as long as its
+    // average stage works, the blocks and the head spread over the stages;
+    // elsewhere every stage waits for the fullest, which holds the head.
+    const double t_mb = pm.compute + head + pm.rec + pm.tp + pm.cp + pm.ep + p2p;
+    const bool pool = pooled(l, c);
+    const double blocks = pool ? double(m.n_layer) / l.pp / stage_layers(m, l) : 1.0;
+    const double per_mb_compute = pm.compute * blocks + head / (pool ? l.pp : 1);
     const double nm = double(l.n_micro);
     st.bubble_fraction = l.pp > 1 ? bubble_fraction(l.pp, l.n_micro, chunks) : 0;
     st.compute = nm * per_mb_compute;
-    st.recompute = nm * pm.rec;
-    st.tp_comm = nm * pm.tp;
-    st.cp_comm = nm * pm.cp;
-    st.ep_comm = nm * pm.ep;
+    st.recompute = nm * pm.rec * blocks;
+    st.tp_comm = nm * pm.tp * blocks;
+    st.cp_comm = nm * pm.cp * blocks;
+    st.ep_comm = nm * pm.ep * blocks;
     st.pp_comm = nm * p2p;
-    st.bubble = st.bubble_fraction * nm * t_mb;
+    const double busy =
+        st.compute + st.recompute + st.tp_comm + st.cp_comm + st.ep_comm + st.pp_comm;
+    st.bubble = pipeline_bubble(l, c, st.bubble_fraction, busy, nm * t_mb, t_mb / chunks);
     PerMicro window = pm;
     window.compute = per_mb_compute;
     dp_time(w, l, c, window, st);

@@ -72,6 +72,12 @@ struct Cluster {
     // (fitted per profile on the validation set's fit split).
     double impl_eff = 1.0;
     bool pp_scatter = true;    // pipeline sends 1/tp of the activations per rank
+    double pp_wire_bytes = 0;  // bytes per activation element between stages (0: act_bytes)
+    // ZeRO-2 reduce-scatters the gradients on every micro-step (else once per step).
+    bool zero2_per_micro = false;
+    // Selective recomputation reruns the attention core's forward even with
+    // fused attention: its output and log-sum-exp are not kept (apiary).
+    bool selective_reruns_attention = false;
     double moe_overlap = 0.0;  // fraction of expert all-to-all hidden behind compute
     double cp_overlap = 1.0;   // fraction of context-parallel KV exchange hidden
     // Host time to launch one kernel (framework dispatch + driver): exposed

@@ -1,7 +1,7 @@
 // plan calibrate on SYNTHETIC run directories: the test writes config.toml and
 // metrics.jsonl in the trainer's format, with step times generated from known
 // constants (plus noise), and checks that calibration recovers predictions
-// within 10%. Real local runs are checked once the trainer writes them.
+// within 10%. Real recorded runs of the trainer: layouts_test.cc.
 
 #include "plan/calibrate.h"
 
@@ -124,6 +124,35 @@ TEST(PlanCalibrate, BadRunDirectoriesSayWhat) {
     cal.gemm_eff = 0.5;
     PlanInput in = test::input({"cluster.device=A100-80GB"});
     EXPECT_THROW(apply_calibration(cal, in.c), ConfigError);
+}
+
+TEST(PlanCalibrate, RunsAreTheTrainersWithItsVocabulary) {
+    TempDir tmp;
+    // model.vocab_size = 0: the trainer used its tokenizer's, as the run's
+    // tokenizer.json (Hugging Face format) records it.
+    const fs::path dir = tmp.path / "run";
+    write_run(dir,
+              "[model]\npreset = \"tiny\"\nvocab_size = 0\n[cluster]\n"
+              "implementation = \"megatron\"\n[parallel]\nschedule = \"interleaved\"\npp = 2\n"
+              "virtual_stages = 2\n[train]\ngrad_accum = 4\n",
+              0.5, 2, 1);
+    {
+        std::ofstream(dir / "tokenizer.json")
+            << R"({"version": "3", "added_tokens": [{"id": 300, "content": "<|endoftext|>"}],)"
+            << R"( "model": {"type": "BPE", "vocab": {"a": 0, "b": 299, "ab": 17}}})";
+    }
+    const RunRecord r = read_run(dir.string(), test::schema(), "");
+    EXPECT_EQ(r.in.w.model.vocab_size, 301);
+    EXPECT_EQ(r.in.c.impl, Impl::apiary);  // whatever the run's config says
+    EXPECT_EQ(r.in.l.vpp, 2);
+    EXPECT_EQ(r.in.l.n_micro, 4);
+    { std::ofstream(dir / "tokenizer.json") << R"({"model": {"vocab": {}}})"; }
+    EXPECT_THROW(read_run(dir.string(), test::schema(), ""), DataError);
+    { std::ofstream(dir / "tokenizer.json") << "{oops"; }
+    EXPECT_THROW(read_run(dir.string(), test::schema(), ""), DataError);
+    fs::remove(dir / "tokenizer.json");  // none: the preset's vocabulary
+    EXPECT_EQ(read_run(dir.string(), test::schema(), "").in.w.model.vocab_size,
+              core::preset("tiny").vocab_size);
 }
 
 }  // namespace

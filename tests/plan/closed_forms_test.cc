@@ -135,7 +135,7 @@ TEST(PlanClosedForm, PipelineScheduleActivationMemory) {
     auto act = [&](const char* sched, int v) {
         auto sets = base;
         sets.push_back(std::string("parallel.schedule=") + sched);
-        sets.push_back("plan.virtual_stages=" + std::to_string(v));
+        sets.push_back("parallel.virtual_stages=" + std::to_string(v));
         auto in = input(sets);
         return memory_per_device(in.w, in.l, in.c).activations;
     };

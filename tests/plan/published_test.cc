@@ -101,7 +101,7 @@ TEST(PlanPublished, MegatronTable2StrongScaling) {
                 "cluster.device=A100-80GB", "cluster.gpus=" + std::to_string(r.gpus),
                 "parallel.tp=8", "parallel.pp=12", "plan.global_batch=1536", "train.batch_size=1",
                 "train.precision=fp16", "parallel.recompute=full", "parallel.schedule=interleaved",
-                "plan.virtual_stages=2", "plan.tokens=300e9", "cluster.mtbf_node_hours=1e9"});
+                "parallel.virtual_stages=2", "plan.tokens=300e9", "cluster.mtbf_node_hours=1e9"});
         EXPECT_NEAR(hw_tflops(p) / r.tflops, 1.0, 0.15) << r.gpus << ": " << hw_tflops(p);
         EXPECT_NEAR(p.tot.wall_s / 86400 / r.days, 1.0, 0.15) << r.gpus;
     }
@@ -201,7 +201,7 @@ std::vector<std::string> korthikanti_layout(const KorthikantiRun& r, const char*
         };
     if (r.vpp > 1) {
         v.push_back("parallel.schedule=interleaved");
-        v.push_back("plan.virtual_stages=" + std::to_string(r.vpp));
+        v.push_back("parallel.virtual_stages=" + std::to_string(r.vpp));
     }
     return v;
 }

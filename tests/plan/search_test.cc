@@ -75,7 +75,7 @@ TEST(PlanSearch, LayoutsThatDoNotDivideAreConfigErrors) {
     }
     try {
         input({"model.preset=gpt3-175b", "cluster.gpus=56", "parallel.pp=56",
-               "parallel.schedule=interleaved", "plan.virtual_stages=2"});
+               "parallel.schedule=interleaved", "parallel.virtual_stages=2"});
         FAIL();
     } catch (const ConfigError& e) {
         EXPECT_NE(std::string(e.what()).find("model.n_layer = 96"), std::string::npos) << e.what();

@@ -41,10 +41,18 @@ for i in $(seq 300); do
     [ "$(squeue -h -j "$job" -o %T 2>/dev/null)" = PENDING ] && break
     sleep 0.2
 done
-scontrol update JobId="$job" StartTime=now
-# It runs again and completes.
+# Only once the first run's step daemon is gone: a launch while slurmd is
+# still tearing it down is refused ("already killed, do not launch").
+for i in $(seq 150); do
+    pgrep -f "slurmstepd: \[$job\.batch\]" >/dev/null || break
+    sleep 0.2
+done
+sleep 1
+scontrol update JobId="$job" StartTime=now || true
+# It runs again and completes. Waited for by the job's own last line: an
+# empty or failed `squeue` (slurmctld busy a moment) is not the end.
 for i in $(seq 1500); do
-    [ -z "$(squeue -h -j "$job" 2>/dev/null)" ] && break
+    grep -q "apiary exited with .* (restart count 1)" "$work/job.out" 2>/dev/null && break
     sleep 0.2
 done
 cat "$work/job.out"

@@ -84,6 +84,22 @@ class Background {
     int code_ = -1;
 };
 
+// True once the process `pid` has the stop signals (SIGINT, SIGTERM,
+// SIGUSR1) blocked in its main thread: apiary's own code runs and takes them
+// (before, only the dynamic loader runs and a signal has its default effect).
+inline bool blocks_stop_signals(pid_t pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.rfind("SigBlk:", 0) != 0) continue;
+        const unsigned long long mask = std::stoull(line.substr(7), nullptr, 16);
+        const auto bit = [](int sig) { return 1ULL << (sig - 1); };
+        const unsigned long long want = bit(SIGINT) | bit(SIGTERM) | bit(SIGUSR1);
+        return (mask & want) == want;
+    }
+    return false;
+}
+
 // Polls `cond` every 20 ms for up to `seconds`; true once it holds.
 inline bool wait_until(const std::function<bool()>& cond, double seconds) {
     const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);

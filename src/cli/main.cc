@@ -50,15 +50,29 @@ void set_exit_code(int code) { g_exit_code = code; }
 
 }  // namespace apiary::cli
 
+namespace {
+// The stop signals are blocked before main, as the executable's first static
+// initialiser (priority 101 runs before every default-priority one), so a
+// signal that lands while the program is still being set up waits, pending,
+// for the signal thread instead of ending the process. Only the dynamic
+// loader's own few milliseconds before this remain, when no code of ours runs
+// and there is nothing to save.
+__attribute__((constructor(101))) void block_stop_signals_early() {
+    apiary::core::block_stop_signals();
+}
+}  // namespace
+
 int main(int argc, char** argv) {
     using namespace apiary;
     // Before any other thread exists: every thread inherits the blocked stop
     // signals, and one thread of their own receives them (core/signals.h).
-    core::start_signal_thread();
+    // Graceful first: a signal already pending is taken as soon as the
+    // thread starts, and must find the verb's choice made.
     const auto& graceful = cli::graceful_commands();
     if (argc > 1 && std::find(graceful.begin(), graceful.end(), argv[1]) != graceful.end()) {
         core::enable_graceful_stop();
     }
+    core::start_signal_thread();
     CLI::App app{"apiary: train transformer language models, and plan their runs"};
     app.require_subcommand(1);
     app.set_version_flag("--version", "apiary 0.1.0");

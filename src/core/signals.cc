@@ -59,12 +59,16 @@ void receive_loop(sigset_t set) {
 
 }  // namespace
 
-void start_signal_thread() {
-    if (g_started.exchange(true)) return;
+void block_stop_signals() {
     const sigset_t set = stop_set();
     const int rc = pthread_sigmask(SIG_BLOCK, &set, nullptr);
     APIARY_CHECK(rc == 0, "pthread_sigmask: {}", std::strerror(rc));
-    std::thread(receive_loop, set).detach();
+}
+
+void start_signal_thread() {
+    if (g_started.exchange(true)) return;
+    block_stop_signals();
+    std::thread(receive_loop, stop_set()).detach();
 }
 
 void unblock_stop_signals() {

@@ -11,6 +11,10 @@
 
 namespace apiary::core {
 
+// Blocks the stop signals in the calling thread only; a signal that arrives
+// stays pending until start_signal_thread's thread takes it.
+void block_stop_signals();
+
 // Blocks the stop signals in the calling thread and starts the thread that
 // receives them. Call first thing in main, before any thread is created.
 // Until graceful stops are enabled a stop signal has its default effect

@@ -1,5 +1,5 @@
-// A stop signal at any moment of `apiary train` (starting up, training,
-// evaluating, saving) finishes the step, saves a checkpoint that loads, and
+// A stop signal at any moment of `apiary train` once it runs (starting up,
+// training, evaluating, saving) finishes the step, saves a checkpoint that loads, and
 // exits 130: never an abort or a lost checkpoint. The signals arrive on a
 // thread of their own (core/signals.h); before that, one landing on a thread
 // inside oneDNN's JIT sgemm corrupted the heap.
@@ -38,6 +38,11 @@ TEST(Signals, TwentySignalsAtRandomMomentsEachSaveAGoodCheckpointAndExit130) {
                           " --set train.precision=" +
                           precision,
                       (dir / "out.txt").string());
+        // The moments start once the program runs: before that only the
+        // dynamic loader does (a few milliseconds), and a signal then ends the
+        // process by its default action, with nothing yet to save.
+        const pid_t pid = bg.pid();
+        ASSERT_TRUE(wait_until([&] { return blocks_stop_signals(pid); }, 60)) << bg.output();
         std::this_thread::sleep_for(std::chrono::duration<double>(wait_s));
         bg.signal(sig);
         ASSERT_EQ(bg.wait(), 130) << bg.output();

@@ -46,9 +46,14 @@ void write_all(int fd, const void* p, size_t n, const std::string& path) {
 
 }  // namespace
 
+// Writes `parts` in order; the digest holds the file's xxh64 and, from part
+// `hash_parts_from` on, each part's own, computed from the same blocks while
+// they are in cache (a save would otherwise read its bytes twice).
 static FileDigest atomic_write_parts(const std::string& path,
-                                     const std::vector<std::pair<const void*, size_t>>& parts) {
+                                     const std::vector<std::pair<const void*, size_t>>& parts,
+                                     size_t hash_parts_from = SIZE_MAX) {
     XXH64_state_t* state = XXH64_createState();
+    XXH64_state_t* part_state = XXH64_createState();
     XXH64_reset(state, 0);
     FileDigest digest;
     const fs::path target(path);
@@ -71,12 +76,16 @@ static FileDigest atomic_write_parts(const std::string& path,
         // of dd's rate here).
         constexpr size_t kBlock = size_t(4) << 20, kWindow = size_t(64) << 20;
         size_t flushed = 0;
-        for (const auto& [p, n] : parts) {
+        for (size_t i = 0; i < parts.size(); ++i) {
+            const auto& [p, n] = parts[i];
+            const bool own = i >= hash_parts_from;
+            if (own) XXH64_reset(part_state, 0);
             const char* c = static_cast<const char*>(p);
             for (size_t at = 0; at < n; at += kBlock) {
                 const size_t len = std::min(kBlock, n - at);
                 write_all(fd, c + at, len, tmp);
                 XXH64_update(state, c + at, len);
+                if (own) XXH64_update(part_state, c + at, len);
                 digest.bytes += len;
                 if (digest.bytes - flushed >= kWindow) {
                     ::sync_file_range(fd, off_t(flushed), off_t(digest.bytes - flushed),
@@ -84,18 +93,21 @@ static FileDigest atomic_write_parts(const std::string& path,
                     flushed = digest.bytes;
                 }
             }
+            if (own) digest.tensors.push_back(XXH64_digest(part_state));
         }
         if (::fsync(fd) != 0) {
             throw IoError(fmt::format("{}: fsync failed: {}", tmp, std::strerror(errno)));
         }
     } catch (...) {
         XXH64_freeState(state);
+        XXH64_freeState(part_state);
         ::close(fd);
         ::unlink(tmp.c_str());
         throw;
     }
     digest.xxh64 = XXH64_digest(state);
     XXH64_freeState(state);
+    XXH64_freeState(part_state);
     ::close(fd);
     if (::rename(tmp.c_str(), path.c_str()) != 0) {
         ::unlink(tmp.c_str());
@@ -155,7 +167,7 @@ FileDigest write_safetensors(const std::string& path, const std::vector<TensorEn
     const uint64_t hlen = h.size();
     std::vector<std::pair<const void*, size_t>> parts = {{&hlen, 8}, {h.data(), h.size()}};
     for (const auto& t : tensors) parts.emplace_back(t.data, t.nbytes);
-    return atomic_write_parts(path, parts);
+    return atomic_write_parts(path, parts, 2);
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path, bool header_only) : path_(path) {
@@ -286,7 +298,7 @@ void SafetensorsFile::read_bytes(const std::string& name, uint64_t offset, size_
 
 FileDigest SafetensorsFile::digest() const {
     APIARY_CHECK(!header_only_, "{}: digest of a file read header-only", path_);
-    return {uint64_t(bytes_.size()), XXH64(bytes_.data(), bytes_.size(), 0)};
+    return {uint64_t(bytes_.size()), XXH64(bytes_.data(), bytes_.size(), 0), {}};
 }
 
 std::vector<std::string> SafetensorsFile::names() const {

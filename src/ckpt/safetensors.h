@@ -26,7 +26,10 @@ struct TensorEntry {
 struct FileDigest {
     uint64_t bytes = 0;
     uint64_t xxh64 = 0;
-    bool operator==(const FileDigest&) const = default;
+    bool operator==(const FileDigest& o) const { return bytes == o.bytes && xxh64 == o.xxh64; }
+    // write_safetensors only: each tensor's own xxh64, in the order given,
+    // hashed in the same pass as the file's while its bytes are in cache.
+    std::vector<uint64_t> tensors;
 };
 // Reads the file through once; throws IoError if it cannot be read.
 FileDigest digest_file(const std::string& path);

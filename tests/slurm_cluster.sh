@@ -1,71 +1,108 @@
-# Sourced by the tests that need Slurm: starts a throw-away one-node cluster
-# (munge, slurmctld, slurmd, all in a temporary directory $work, on ports
-# 16817-16818) and stops it when the sourcing script exits. Needs root
+# Sourced by the tests that need Slurm: throw-away one-node clusters (munge,
+# slurmctld, slurmd), all in a temporary directory $work, stopped and
+# removed when the sourcing script exits (KEEP=1 keeps $work). Needs root
 # (slurmd runs job steps as their user) and slurm-wlm and munge
-# (scripts/install-deps.sh). Sets SLURM_CONF.
+# (scripts/install-deps.sh).
+#
+#   slurm_cluster_start DIR   writes DIR/slurm.conf, starts slurmctld and
+#                             slurmd on it (and munged, once), waits for the
+#                             node to be idle, exports SLURM_CONF
+#   slurm_cluster_stop        stops that slurmctld and slurmd (munged stays,
+#                             so another cluster can start after it)
+#
+# Settings, read by slurm_cluster_start (defaults in brackets):
+#   SLURM_TEST_PORT       slurmctld's port; slurmd takes the next [16817]
+#   SLURM_TEST_CPUS       the node's CPUs; more than the machine has is
+#                         allowed (SlurmdParameters=config_overrides) [nproc]
+#   SLURM_TEST_SCHED      SchedulerType [sched/builtin]
+#   SLURM_TEST_JOBCOMP    a job-completion log (jobcomp/filetxt); empty: none
+#   SLURM_TEST_PARTITION  extra options of the partition [OverSubscribe=YES]
+# Tests that may run at the same time use different ports.
 work=$(mktemp -d /tmp/apiary-slurm.XXXXXX)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$work"
+slurm_pids=()
+munge_pid=
+slurm_cluster_stop() {
+    for p in "${slurm_pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${slurm_pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    slurm_pids=()
+    unset SLURM_CONF
 }
-trap cleanup EXIT
+slurm_cluster_cleanup() {
+    slurm_cluster_stop
+    if [ -n "$munge_pid" ]; then
+        kill "$munge_pid" 2>/dev/null || true
+        wait "$munge_pid" 2>/dev/null || true
+    fi
+    if [ -n "${KEEP:-}" ]; then echo "kept $work"; else rm -rf "$work" || true; fi
+}
+trap slurm_cluster_cleanup EXIT
 
 # munge: its own key, socket and files, so a system munged is not disturbed.
-mkdir -p "$work/munge"
-dd if=/dev/urandom of="$work/munge/munge.key" bs=1024 count=1 status=none
-chmod 700 "$work/munge"
-chmod 400 "$work/munge/munge.key"
-munged --force --foreground --key-file="$work/munge/munge.key" \
-    --socket="$work/munge/munge.socket" --pid-file="$work/munge/munged.pid" \
-    --log-file="$work/munge/munged.log" --seed-file="$work/munge/munged.seed" \
-    >"$work/munged.out" 2>&1 &
-pids+=($!)
+slurm_munge_start() {
+    [ -n "$munge_pid" ] && return 0
+    mkdir -p "$work/munge"
+    dd if=/dev/urandom of="$work/munge/munge.key" bs=1024 count=1 status=none
+    chmod 700 "$work/munge"
+    chmod 400 "$work/munge/munge.key"
+    munged --force --foreground --key-file="$work/munge/munge.key" \
+        --socket="$work/munge/munge.socket" --pid-file="$work/munge/munged.pid" \
+        --log-file="$work/munge/munged.log" --seed-file="$work/munge/munged.seed" \
+        >"$work/munged.out" 2>&1 &
+    munge_pid=$!
+    for i in $(seq 50); do [ -S "$work/munge/munge.socket" ] && break; sleep 0.1; done
+}
 
-host=$(hostname -s)
-mkdir -p "$work/state" "$work/spool"
-cat > "$work/slurm.conf" <<CONF
+slurm_cluster_start() {  # slurm_cluster_start DIR
+    local dir=$1 host port jobcomp
+    host=$(hostname -s)
+    port=${SLURM_TEST_PORT:-16817}
+    jobcomp="JobCompType=jobcomp/none"
+    if [ -n "${SLURM_TEST_JOBCOMP:-}" ]; then
+        jobcomp="JobCompType=jobcomp/filetxt
+JobCompLoc=$SLURM_TEST_JOBCOMP"
+    fi
+    slurm_munge_start
+    mkdir -p "$dir/state" "$dir/spool"
+    cat > "$dir/slurm.conf" <<CONF
 ClusterName=apiarytest
 SlurmctldHost=$host
-SlurmctldPort=16817
-SlurmdPort=16818
+SlurmctldPort=$port
+SlurmdPort=$((port + 1))
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 AuthInfo=socket=$work/munge/munge.socket
 CredType=cred/munge
-StateSaveLocation=$work/state
-SlurmdSpoolDir=$work/spool
-SlurmctldPidFile=$work/slurmctld.pid
-SlurmdPidFile=$work/slurmd.pid
-SlurmctldLogFile=$work/slurmctld.log
-SlurmdLogFile=$work/slurmd.log
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd.pid
+SlurmctldLogFile=$dir/slurmctld.log
+SlurmdLogFile=$dir/slurmd.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
 MpiDefault=pmix
 ReturnToService=2
-SchedulerType=sched/builtin
-JobCompType=jobcomp/none
+SchedulerType=${SLURM_TEST_SCHED:-sched/builtin}
+SchedulerParameters=bf_interval=1,sched_min_interval=0
+$jobcomp
 AccountingStorageType=accounting_storage/none
-NodeName=$host CPUs=$(nproc) State=UNKNOWN
-PartitionName=test Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+NodeName=$host CPUs=${SLURM_TEST_CPUS:-$(nproc)} State=UNKNOWN
+PartitionName=test Nodes=$host Default=YES MaxTime=INFINITE State=UP ${SLURM_TEST_PARTITION-OverSubscribe=YES}
 CONF
-export SLURM_CONF="$work/slurm.conf"
-for i in $(seq 50); do [ -S "$work/munge/munge.socket" ] && break; sleep 0.1; done
-slurmctld -D -i -f "$SLURM_CONF" >"$work/slurmctld.out" 2>&1 &
-pids+=($!)
-slurmd -D -f "$SLURM_CONF" >"$work/slurmd.out" 2>&1 &
-pids+=($!)
-for i in $(seq 100); do
-    sinfo -h -o %t 2>/dev/null | grep -q idle && break
-    sleep 0.3
-done
-if ! sinfo -h -o %t 2>/dev/null | grep -q idle; then
-    echo "slurm_test: the node never became idle"
-    tail -n 20 "$work/slurmctld.log" "$work/slurmd.log" 2>/dev/null || true
+    export SLURM_CONF="$dir/slurm.conf"
+    slurmctld -D -i -f "$SLURM_CONF" >"$dir/slurmctld.out" 2>&1 &
+    slurm_pids+=($!)
+    slurmd -D -f "$SLURM_CONF" >"$dir/slurmd.out" 2>&1 &
+    slurm_pids+=($!)
+    for i in $(seq 100); do
+        sinfo -h -o %t 2>/dev/null | grep -q idle && return 0
+        sleep 0.3
+    done
+    echo "slurm_cluster: the node never became idle (${SLURM_TEST_SCHED:-sched/builtin})"
+    tail -n 20 "$dir/slurmctld.log" "$dir/slurmd.log" 2>/dev/null || true
     exit 1
-fi
-
+}

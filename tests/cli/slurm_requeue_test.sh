@@ -13,6 +13,7 @@ if [ "$(id -u)" -ne 0 ]; then
     exit 77
 fi
 source "$(dirname "$0")/../slurm_cluster.sh"
+slurm_cluster_start "$work"
 
 run="$work/run"
 cat > "$work/job.sh" <<JOB

@@ -18,6 +18,7 @@ for prog in munged slurmctld slurmd srun sbatch sinfo; do
 done
 
 source "$(dirname "$0")/../slurm_cluster.sh"
+slurm_cluster_start "$work"
 
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export APIARY_EXPECT_WORLD_SIZE=2

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Replays Slurm's own record of a batch of short jobs in the simulator.
-# Starts a throw-away one-node Slurm (munge, slurmctld, slurmd in a temporary
-# directory, ports 16837-16838, a node of 4 CPUs), runs the same batch of
+# Starts a throw-away one-node Slurm (tests/slurm_cluster.sh: munge,
+# slurmctld, slurmd in a temporary directory, ports 16837-16838, a node of 4
+# CPUs), runs the same batch of
 # eight `sleep` jobs under sched/backfill and under sched/builtin (FIFO),
 # writing the job-completion log (JobCompType=jobcomp/filetxt) and reading
 # it back with `sacct --completion --parsable2`. Then `apiary sim cluster`
@@ -22,32 +23,10 @@ for prog in munged slurmctld slurmd sbatch squeue sinfo sacct python3; do
     command -v "$prog" >/dev/null || { echo "slurm_replay_test: $prog missing (run scripts/install-deps.sh)"; exit 1; }
 done
 
-work=$(mktemp -d /tmp/apiary-slurm-replay.XXXXXX)
-pids=()
-stop_slurm() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-    pids=()
-}
-munge_pid=
-cleanup() {
-    stop_slurm
-    if [ -n "$munge_pid" ]; then kill "$munge_pid" 2>/dev/null || true; wait "$munge_pid" 2>/dev/null || true; fi
-    if [ -n "${KEEP:-}" ]; then echo "kept $work"; else rm -rf "$work" || true; fi
-}
-trap cleanup EXIT
-
-mkdir -p "$work/munge"
-dd if=/dev/urandom of="$work/munge/munge.key" bs=1024 count=1 status=none
-chmod 700 "$work/munge"
-chmod 400 "$work/munge/munge.key"
-munged --force --foreground --key-file="$work/munge/munge.key" \
-    --socket="$work/munge/munge.socket" --pid-file="$work/munge/munged.pid" \
-    --log-file="$work/munge/munged.log" --seed-file="$work/munge/munged.seed" \
-    >"$work/munged.out" 2>&1 &
-munge_pid=$!
-for i in $(seq 50); do [ -S "$work/munge/munge.socket" ] && break; sleep 0.1; done
-host=$(hostname -s)
+source "$(dirname "$0")/../slurm_cluster.sh"
+# A node of 4 CPUs (more than this machine has: the jobs only sleep), no
+# oversubscription, on ports of its own.
+SLURM_TEST_PORT=16837 SLURM_TEST_CPUS=4 SLURM_TEST_PARTITION=
 
 # The batch: CPUs, time limit (minutes), seconds of sleep. Job 2 needs the
 # whole node and waits for job 1; under backfill, jobs 3 and 5 fit beside
@@ -65,51 +44,8 @@ batch=(
 
 run_batch() {  # run_batch <scheduler> <dir>
     local sched=$1 dir=$2
-    mkdir -p "$dir/state" "$dir/spool"
-    cat > "$dir/slurm.conf" <<CONF
-ClusterName=apiarysim
-SlurmctldHost=$host
-SlurmctldPort=16837
-SlurmdPort=16838
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=socket=$work/munge/munge.socket
-CredType=cred/munge
-StateSaveLocation=$dir/state
-SlurmdSpoolDir=$dir/spool
-SlurmctldPidFile=$dir/slurmctld.pid
-SlurmdPidFile=$dir/slurmd.pid
-SlurmctldLogFile=$dir/slurmctld.log
-SlurmdLogFile=$dir/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-SlurmdParameters=config_overrides
-ReturnToService=2
-SchedulerType=$sched
-SchedulerParameters=bf_interval=1,sched_min_interval=0
-JobCompType=jobcomp/filetxt
-JobCompLoc=$dir/jobcomp.txt
-AccountingStorageType=accounting_storage/none
-NodeName=$host CPUs=4 State=UNKNOWN
-PartitionName=test Nodes=$host Default=YES MaxTime=INFINITE State=UP
-CONF
-    export SLURM_CONF="$dir/slurm.conf"
-    slurmctld -D -i -f "$SLURM_CONF" >"$dir/slurmctld.out" 2>&1 &
-    pids+=($!)
-    slurmd -D -f "$SLURM_CONF" >"$dir/slurmd.out" 2>&1 &
-    pids+=($!)
-    for i in $(seq 100); do
-        sinfo -h -o %t 2>/dev/null | grep -q idle && break
-        sleep 0.3
-    done
-    if ! sinfo -h -o %t 2>/dev/null | grep -q idle; then
-        echo "slurm_replay_test: the node never became idle under $sched"
-        tail -n 20 "$dir/slurmctld.log" "$dir/slurmd.log" 2>/dev/null || true
-        exit 1
-    fi
+    mkdir -p "$dir"
+    SLURM_TEST_SCHED=$sched SLURM_TEST_JOBCOMP=$dir/jobcomp.txt slurm_cluster_start "$dir"
     for job in "${batch[@]}"; do
         read -r cpus limit secs <<<"$job"
         sbatch -n "$cpus" -t "$limit" -o /dev/null --wrap "sleep $secs" >/dev/null
@@ -126,8 +62,7 @@ CONF
     sacct --completion --parsable2 \
         --format=JobID,Submit,Eligible,Start,End,Timelimit,NCPUS,State \
         >"$dir/sacct.txt"
-    stop_slurm
-    unset SLURM_CONF
+    slurm_cluster_stop
 }
 
 replay() {  # replay <dir> <record file> <policy> -> <record>.<policy>.csv

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "core/stage_split.h"
+
 namespace apiary::plan {
 
 namespace {
@@ -89,26 +91,46 @@ double block_activation_bytes(const Workload& w, const Layout& l, bool experts, 
     return scale * bytes;
 }
 
-double stage_layers(const core::ModelSpec& m, const Layout& l) {
-    // Interleaved: v chunks per stage, the fullest of ceil(L / (p v)) blocks.
-    const int v = l.schedule == Schedule::interleaved ? std::max(1, l.vpp) : 1;
-    return double(v * ((m.n_layer + l.pp * v - 1) / (l.pp * v)));
+std::vector<int> virtual_stage_layers(const Workload& w, const Layout& l, Impl impl) {
+    if (!l.stage_layers.empty()) return l.stage_layers;
+    const int L = w.model.n_layer;
+    const int parts = l.pp * (l.schedule == Schedule::interleaved ? std::max(1, l.vpp) : 1);
+    if (impl == Impl::apiary && parts == l.pp) {
+        return core::balanced_stage_layers(w.model, parts, w.seq_len);
+    }
+    // ceil(L / parts) blocks per virtual stage in order, the remainder
+    // (at least a block each) on the last ones, which hold the head.
+    std::vector<int> counts;
+    const int per = (L + parts - 1) / parts;
+    for (int k = 0, left = L; k < parts; ++k) {
+        counts.push_back(std::max(1, std::min(per, left - (parts - 1 - k))));
+        left -= counts.back();
+    }
+    return counts;
 }
 
-namespace {
+int StageSplit::fullest() const { return *std::max_element(blocks.begin(), blocks.end()); }
 
-// Blocks of pipeline stage `stage`, and how many of them have experts.
-std::pair<int, int> stage_blocks(const core::ModelSpec& m, const Layout& l, int stage) {
-    const int lp = int(stage_layers(m, l));
-    const int first = std::min(m.n_layer, stage * lp), last = std::min(m.n_layer, first + lp);
-    const int moe = m.moe() ? std::max(0, last - std::max(first, m.moe_dense_layers)) : 0;
-    return {last - first, moe};
+StageSplit stage_split(const Workload& w, const Layout& l, Impl impl) {
+    const auto& m = w.model;
+    const std::vector<int> counts = virtual_stage_layers(w, l, impl);
+    StageSplit out;
+    out.blocks.assign(size_t(l.pp), 0);
+    out.moe.assign(size_t(l.pp), 0);
+    int first = 0;
+    for (size_t k = 0; k < counts.size(); ++k) {
+        const size_t stage = k % size_t(l.pp);
+        const int last = first + counts[k];
+        out.blocks[stage] += counts[k];
+        if (m.moe()) out.moe[stage] += std::max(0, last - std::max(first, m.moe_dense_layers));
+        first = last;
+    }
+    return out;
 }
 
-}  // namespace
-
-StageParams stage_param_split(const core::ModelSpec& m, const Layout& l, int stage) {
-    const auto [blocks, moe] = stage_blocks(m, l, stage);
+StageParams stage_param_split(const core::ModelSpec& m, const Layout& l, const StageSplit& split,
+                              int stage) {
+    const int blocks = split.blocks[size_t(stage)], moe = split.moe[size_t(stage)];
     StageParams p;
     if (m.moe()) {
         // Each block by its kind: a dense MLP, or router + shared experts.
@@ -145,8 +167,9 @@ long long in_flight(const Layout& l, int stage) {
 
 // Activations of the stage's blocks for one micro-batch, and the largest
 // single block (what full recomputation re-materialises at a time).
-std::pair<double, double> stage_block_activations(const Workload& w, const Layout& l, int stage) {
-    const auto [blocks, moe] = stage_blocks(w.model, l, stage);
+std::pair<double, double> stage_block_activations(const Workload& w, const Layout& l,
+                                                  const StageSplit& split, int stage) {
+    const int blocks = split.blocks[size_t(stage)], moe = split.moe[size_t(stage)];
     const double dense = block_activation_bytes(w, l, false, l.recompute);
     const double routed = moe > 0 ? block_activation_bytes(w, l, true, l.recompute) : 0.0;
     const double peak = std::max(block_activation_bytes(w, l, false, Recompute::none),
@@ -154,12 +177,13 @@ std::pair<double, double> stage_block_activations(const Workload& w, const Layou
     return {(blocks - moe) * dense + moe * routed, peak};
 }
 
-Memory stage_memory(const Workload& w, const Layout& l, const Cluster& c, int stage) {
+Memory stage_memory(const Workload& w, const Layout& l, const Cluster& c, const StageSplit& split,
+                    int stage) {
     const auto& m = w.model;
     const StateBytes sb = state_bytes(w.dtype);
     // Dense weights are replicated over dp x cp ranks, experts over dp x cp / ep.
     const double d = double(l.dp) * l.cp, de = d / l.ep;
-    const StageParams p = stage_param_split(m, l, stage);
+    const StageParams p = stage_param_split(m, l, split, stage);
     auto shard = [&](double bytes, int from) {
         return bytes * (p.dense / (l.zero >= from ? d : 1) + p.expert / (l.zero >= from ? de : 1));
     };
@@ -176,7 +200,7 @@ Memory stage_memory(const Workload& w, const Layout& l, const Cluster& c, int st
     const double s = double(w.seq_len) / l.cp;
     const double sbh = s * l.micro_batch * m.n_embd;
     const double ab = act_bytes(w.dtype);
-    const auto [blocks, peak] = stage_block_activations(w, l, stage);
+    const auto [blocks, peak] = stage_block_activations(w, l, split, stage);
     double act = blocks * mult;
     if (l.recompute == Recompute::full) act += peak;
     // Embedding dropout mask per micro-batch in flight (Korthikanti eq. 5:
@@ -214,17 +238,20 @@ Memory stage_memory(const Workload& w, const Layout& l, const Cluster& c, int st
 
 }  // namespace
 
-double stage_params_per_device(const core::ModelSpec& m, const Layout& l) {
+double stage_params_per_device(const core::ModelSpec& m, const Layout& l, const StageSplit& split) {
     double best = 0;
-    for (int s : {0, l.pp - 1}) best = std::max(best, stage_param_split(m, l, s).total());
+    for (int s = 0; s < l.pp; ++s) best = std::max(best, stage_param_split(m, l, split, s).total());
     return best;
 }
 
 Memory memory_per_device(const Workload& w, const Layout& l, const Cluster& c) {
-    Memory first = stage_memory(w, l, c, 0);
-    if (l.pp == 1) return first;
-    Memory last = stage_memory(w, l, c, l.pp - 1);
-    return last.total() > first.total() ? last : first;
+    const StageSplit split = stage_split(w, l, c.impl);
+    Memory most = stage_memory(w, l, c, split, 0);
+    for (int s = 1; s < l.pp; ++s) {
+        Memory mem = stage_memory(w, l, c, split, s);
+        if (mem.total() > most.total()) most = mem;
+    }
+    return most;
 }
 
 }  // namespace apiary::plan

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/stage_split.h"
 #include "plan/calibrate.h"
 #include "plan/memory.h"
 #include "plan/step_time.h"
@@ -93,7 +94,7 @@ namespace {
 // Megatron-LM's 2019 code on its own single-V100 baseline (Shoeybi et al.
 // 2019, Section 5.1: 39 TFLOP/s where the 2020 V1.0 code ran 62).
 constexpr double kDeepSpeedEff = 0.81;
-constexpr double kFsdpEff = 0.85;
+constexpr double kFsdpEff = 0.88;
 constexpr double kMegatron2019Eff = 0.49;
 // Host seconds per kernel launch in PyTorch eager with Transformer Engine
 // (Python dispatch, autograd bookkeeping, the CUDA launch itself; a few to
@@ -421,8 +422,20 @@ PlanInput resolve_input(const core::Config& cfg, bool check_layout) {
     const long long gb = cfg.get_int("plan.global_batch");
     w.global_batch = gb > 0 ? gb : l.micro_batch * cfg.get_int("train.grad_accum") * dp;
     in.c = cluster_from(cfg, n);
-    if (!check_layout) return in;
+    const std::string& stages = cfg.get_string("parallel.stage_layers");
+    if (!check_layout) {
+        if (!stages.empty()) {
+            in.warnings.push_back(fmt::format(
+                "parallel.stage_layers = '{}' is not used by plan search: it varies pp and "
+                "splits the blocks as the implementation does",
+                stages));
+        }
+        return in;
+    }
     if (auto p = layout_problem(w, l); !p.empty()) throw ConfigError(p);
+    if (!stages.empty()) {
+        l.stage_layers = core::parse_stage_layers(stages, w.model, l.pp * l.vpp, l.vpp > 1);
+    }
     l.n_micro = w.global_batch / (l.dp * l.micro_batch);
     if (auto mb = cfg.get_int("parallel.microbatches"); mb > 0 && mb != l.n_micro) {
         throw ConfigError(fmt::format(

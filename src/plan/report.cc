@@ -76,6 +76,11 @@ nlohmann::json to_json(const Plan& p, const Cluster& c) {
                                   {"bubble", st.bubble},         {"dp_comm", st.dp_comm},
                                   {"dp_exposed", st.dp_exposed}, {"optimizer", st.optimizer}};
     j["bubble_fraction"] = st.bubble_fraction;
+    if (l.pp > 1) {
+        j["stage_blocks"] = stage_split(p.w, l, c.impl).blocks;
+        j["stage_busy_s"] = st.stage_busy_s;
+        j["stage_idle_max"] = st.stage_idle_max;
+    }
     j["tokens_per_s"] = num(st.tokens_per_s);
     j["tflops_per_device"] = st.tflops_per_device;
     j["hw_tflops_per_device"] = st.hw_flops / st.total / double(l.devices()) / 1e12;
@@ -147,6 +152,16 @@ std::string to_table(const Plan& p, const Cluster& c) {
     if (p.l.ep > 1) part("ep all-to-all exposed", st.ep_comm);
     part("pp comm", st.pp_comm);
     part("pipeline bubble", st.bubble);
+    if (p.l.pp > 1) {
+        std::string blocks, busy;
+        const auto split = stage_split(p.w, p.l, c.impl).blocks;
+        for (size_t i = 0; i < split.size(); ++i) {
+            blocks += fmt::format("{}{}", i ? "+" : "", split[i]);
+            busy += fmt::format("{}{:.3g}", i ? " " : "", st.stage_busy_s[i]);
+        }
+        line("stages", fmt::format("blocks {}, busy {} s; least busy idles {:.1f}%", blocks, busy,
+                                   100 * st.stage_idle_max));
+    }
     part("dp comm exposed", st.dp_exposed);
     line("dp comm total", fmt::format("{:10.4g} s", st.dp_comm));
     part("optimizer", st.optimizer);

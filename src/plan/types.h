@@ -55,6 +55,10 @@ struct Layout {
     long long n_micro = 1;  // micro-batches per optimizer step per pipeline
     Schedule schedule = Schedule::one_f_one_b;
     int vpp = 1;  // model chunks per stage (interleaved schedule)
+    // Blocks of each virtual stage, in the trainer's order (chunk c of stage s
+    // is virtual stage c pp + s): parallel.stage_layers. Empty: the
+    // implementation's own split (stage_split in plan/memory.h).
+    std::vector<int> stage_layers;
     // Ranks are ordered tp, cp, dp (ep its inner part), pp: tp fastest.
     long long devices() const { return (long long)tp * cp * pp * dp; }
 };
@@ -133,9 +137,15 @@ struct StepTime {          // seconds per optimizer step
     double dp_exposed = 0;  // the part not hidden behind backward
     double optimizer = 0;
     double total = 0;
-    double bubble_fraction = 0;  // (p - 1) / (v m)
-    double model_flops = 0;      // per step, whole cluster
-    double hw_flops = 0;         // with recomputation
+    // The pipeline's idle time over the average stage's work: (p - 1) / (v m)
+    // for equal stages, more when one stage (the head's) is slower.
+    double bubble_fraction = 0;
+    // Share of the schedule's span that its least busy stage idles (what
+    // `apiary bench parallel` replays from measured op times as its bubble).
+    double stage_idle_max = 0;
+    std::vector<double> stage_busy_s;  // each stage's work per step (pipeline only)
+    double model_flops = 0;            // per step, whole cluster
+    double hw_flops = 0;               // with recomputation
     double tokens_per_s = 0;
     double tflops_per_device = 0;  // model FLOPs
     double mfu = 0, hfu = 0;

@@ -123,7 +123,8 @@ TEST(PlanPhysics, FsdpWithPipelineKeepsTheStageGathered) {
                                            "parallel.recompute=full"};
     const auto in = input(base);
     const Memory m = memory_per_device(in.w, in.l, in.c);
-    const double stage = stage_params_per_device(in.w.model, in.l);
+    const double stage =
+        stage_params_per_device(in.w.model, in.l, stage_split(in.w, in.l, in.c.impl));
     EXPECT_GT(m.buffers, 6.0 * stage);
     auto pp1 = input(base + std::vector<std::string>{"parallel.pp=1", "plan.global_batch=64"});
     // Without a pipeline only two blocks are gathered at a time.

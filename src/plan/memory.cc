@@ -9,6 +9,7 @@ namespace apiary::plan {
 
 namespace {
 bool mixed(Dtype d) { return d != Dtype::fp32 && d != Dtype::tf32; }
+bool gpt(const core::ModelSpec& m) { return m.arch == core::Arch::gpt2; }
 }  // namespace
 
 StateBytes state_bytes(Dtype dtype) {
@@ -63,32 +64,33 @@ double layer_activation_bytes(const core::ModelSpec& m, int seq_len, int micro_b
 
 double block_activation_bytes(const Workload& w, const Layout& l, bool experts, Recompute r) {
     const auto& m = w.model;
-    const bool gpt = m.arch == core::Arch::gpt2;  // dropout masks, GeLU
+    const bool gpt = m.arch == core::Arch::gpt2;  // GeLU
+    const bool masks = gpt && w.dropout;          // dropout masks (GPT)
     const double s = double(w.seq_len) / l.cp, b = l.micro_batch, h = m.n_embd, t = l.tp;
     const double sb = s * b, sbh = sb * h, scale = act_bytes(w.dtype) / 2.0;
     const double rep = l.sp ? t : 1.0;                       // replicated tensors shard with SP
     if (r == Recompute::full) return scale * 2 * sbh / rep;  // the block input
     // Norm inputs, QKV and MLP inputs (2 bytes each), dropout masks (1 byte).
-    double bytes = (8 + (gpt ? 2 : 0)) * sbh / rep;
+    double bytes = (8 + (masks ? 2 : 0)) * sbh / rep;
     // Q, K, V and the attention output (input of the output projection).
     const double kv = m.mla() ? double(m.qk_width() + m.v_width()) : 2.0 * m.kv_dim();
     bytes += 2 * sb * (double(m.qk_width()) + kv + double(m.v_width())) / t;
     const double a = m.n_head;
-    if (w.flash) {
-        bytes += 4 * a * sb / t;  // fp32 log-sum-exp per row
-    } else if (r != Recompute::selective) {
+    // fp32 log-sum-exp per row, 4 bytes whatever the precision (not scaled).
+    const double lse = w.flash ? 4 * a * sb / t : 0.0;
+    if (!w.flash && r != Recompute::selective) {
         // Softmax output, and with dropout its mask and output: 5as^2b (GPT).
-        bytes += (gpt ? 5.0 : 2.0) * a * s * s * b / t;
+        bytes += (masks ? 5.0 : 2.0) * a * s * s * b / t;
     }
     const double act = gpt ? 4 : 6;  // GeLU: in, out; SwiGLU: gate, up, product
-    if (!experts) return scale * (bytes + act * sb * double(m.ffn_dim()) / t);
+    if (!experts) return scale * (bytes + act * sb * double(m.ffn_dim()) / t) + lse;
     // Routed experts: k copies of each token (x capacity), their inputs and
     // outputs and intermediate activations; shared experts; fp32 router logits.
     const double k = double(m.n_expert_active) * w.capacity_factor;
     const double fe = m.expert_ffn_dim();
     bytes += 2 * 2 * sbh * k / rep + act * sb * fe * (k + m.n_shared_expert) / t;
     bytes += 4 * sb * double(m.n_expert);
-    return scale * bytes;
+    return scale * bytes + lse;
 }
 
 std::vector<int> virtual_stage_layers(const Workload& w, const Layout& l, Impl impl) {
@@ -177,6 +179,25 @@ std::pair<double, double> stage_block_activations(const Workload& w, const Layou
     return {(blocks - moe) * dense + moe * routed, peak};
 }
 
+// Scratch the trainer keeps per stage (Cluster::head_rows, grad_scratch):
+// the fp32 logits of one block of rows on the last stage, and one block's
+// activation gradients (residual, norm output, QKV, attention output, MLP
+// input and activation, src/model/stage.cc).
+double scratch_bytes(const Workload& w, const Layout& l, const Cluster& c, int stage) {
+    const auto& m = w.model;
+    const double rows = double(w.seq_len) / l.cp * l.micro_batch, t = l.tp;
+    double bytes = 0;
+    if (stage == l.pp - 1 && c.head_rows > 0) {
+        bytes += 4 * std::min(rows, l.tp > 1 ? c.head_rows_tp : c.head_rows) * m.vocab_size / t;
+    }
+    if (c.grad_scratch) {
+        const double C = m.n_embd, F = m.ffn_dim();
+        const double qkv = double(m.qk_width()) + 2.0 * m.kv_dim(), up = gpt(m) ? F : 2 * F;
+        bytes += 4 * rows * (2 * C + (qkv + double(m.v_width()) + up + F) / t);
+    }
+    return bytes;
+}
+
 Memory stage_memory(const Workload& w, const Layout& l, const Cluster& c, const StageSplit& split,
                     int stage) {
     const auto& m = w.model;
@@ -206,17 +227,20 @@ Memory stage_memory(const Workload& w, const Layout& l, const Cluster& c, const 
     // Embedding dropout mask per micro-batch in flight (Korthikanti eq. 5:
     // sbhp/t) and, on the last stage, the LM head input and fp32 logits for
     // the cross entropy (4sbh/t + 4sbV/t).
-    if (stage == 0 && m.arch == core::Arch::gpt2) act += sbh * mult / l.tp;
+    if (stage == 0 && m.arch == core::Arch::gpt2 && w.dropout) act += sbh * mult / l.tp;
     if (stage == l.pp - 1) {
         // Unfused, the bf16 logits, their fp32 copy and its fp32 gradient
-        // are all live when the loss is differentiated: 10 sbV/t.
-        const double logits = c.fused_ce ? 4.0 : 10.0;
+        // are all live when the loss is differentiated: 10 sbV/t. A head
+        // that works through blocks of rows keeps no logits (its scratch is
+        // a buffer, below).
+        const double logits = c.head_rows > 0 ? 0.0 : c.fused_ce ? 4.0 : 10.0;
         act += (2 * sbh * ab + logits * s * l.micro_batch * double(m.vocab_size)) / l.tp;
     }
     mem.activations = act;
     mem.allocator = c.alloc_frac * act;
 
-    double buf = c.dev.reserved_bytes;
+    mem.runtime = c.dev.reserved_bytes;
+    double buf = 0;
     if (l.dp * l.cp > 1 && l.zero < 3) buf += std::min(p.total(), 40e6) * 4;  // fp32 DP bucket
     if (l.zero >= 3 && c.impl == Impl::fsdp && l.pp > 1) {
         // FSDP under pipeline parallelism does not reshard after forward
@@ -231,7 +255,7 @@ Memory stage_memory(const Workload& w, const Layout& l, const Cluster& c, const 
     }
     if (l.tp > 1) buf += 2 * sbh * ab;  // TP all-gather / all-reduce staging
     if (m.moe()) buf += 2 * sbh * m.n_expert_active * w.capacity_factor * ab;  // all-to-all
-    mem.buffers = buf;
+    mem.buffers = buf + scratch_bytes(w, l, c, stage);
     mem.capacity = c.dev.mem_bytes / (c.dev.shared_by_ranks ? double(c.ranks_per_node()) : 1.0);
     return mem;
 }

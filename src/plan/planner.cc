@@ -114,6 +114,7 @@ void apply_profile(Cluster& c, Impl impl) {
     c.dp_overlap = c.dev.dp_overlap, c.zero3_gathers = 1, c.launch_s = kLaunchS;
     c.fused_ce = true, c.alloc_frac = c.dev.kind == "cpu" ? 0.0 : kAllocFrac;
     c.pp_wire_bytes = 0, c.zero2_per_micro = false, c.selective_reruns_attention = false;
+    c.head_rows = 0, c.head_rows_tp = 0, c.grad_scratch = false;
     switch (impl) {
         case Impl::megatron:
             break;
@@ -145,6 +146,7 @@ void apply_profile(Cluster& c, Impl impl) {
             // log-sum-exp are not kept), its own allocator.
             c.pp_scatter = false, c.dp_overlap = 0, c.zero3_gathers = 1, c.alloc_frac = 0;
             c.pp_wire_bytes = 4, c.zero2_per_micro = true, c.selective_reruns_attention = true;
+            c.head_rows = 512, c.head_rows_tp = 256, c.grad_scratch = true;
             break;
     }
 }
@@ -422,6 +424,8 @@ PlanInput resolve_input(const core::Config& cfg, bool check_layout) {
     const long long gb = cfg.get_int("plan.global_batch");
     w.global_batch = gb > 0 ? gb : l.micro_batch * cfg.get_int("train.grad_accum") * dp;
     in.c = cluster_from(cfg, n);
+    // apiary's trainer has no dropout: its blocks store no masks.
+    w.dropout = in.c.impl != Impl::apiary;
     const std::string& stages = cfg.get_string("parallel.stage_layers");
     if (!check_layout) {
         if (!stages.empty()) {
@@ -501,10 +505,11 @@ Plan evaluate(const Workload& w, const Layout& l, const Cluster& c) {
     if (!p.fits) {
         p.why = fmt::format(
             "needs {:.1f} GiB per device (params {:.1f}, grads {:.1f}, optimizer {:.1f}, "
-            "activations {:.1f}, buffers {:.1f}, allocator {:.1f}) but {} has {:.1f} GiB",
+            "activations {:.1f}, buffers {:.1f}, allocator {:.1f}, runtime {:.1f}) but {} has "
+            "{:.1f} GiB",
             p.mem.total() / kGiB, p.mem.params / kGiB, p.mem.grads / kGiB, p.mem.optimizer / kGiB,
-            p.mem.activations / kGiB, p.mem.buffers / kGiB, p.mem.allocator / kGiB, c.dev.name,
-            p.mem.capacity / kGiB);
+            p.mem.activations / kGiB, p.mem.buffers / kGiB, p.mem.allocator / kGiB,
+            p.mem.runtime / kGiB, c.dev.name, p.mem.capacity / kGiB);
     }
     return p;
 }

@@ -65,7 +65,8 @@ nlohmann::json to_json(const Plan& p, const Cluster& c) {
         {"params", p.mem.params / kGiB},       {"grads", p.mem.grads / kGiB},
         {"optimizer", p.mem.optimizer / kGiB}, {"activations", p.mem.activations / kGiB},
         {"buffers", p.mem.buffers / kGiB},     {"allocator", p.mem.allocator / kGiB},
-        {"total", p.mem.total() / kGiB},       {"capacity", p.mem.capacity / kGiB}};
+        {"runtime", p.mem.runtime / kGiB},     {"total", p.mem.total() / kGiB},
+        {"capacity", p.mem.capacity / kGiB}};
     j["fits"] = p.fits;
     if (!p.fits) j["why"] = p.why;
     const auto& st = p.st;
@@ -137,6 +138,7 @@ std::string to_table(const Plan& p, const Cluster& c) {
     line("optimizer", fmt::format("{:10.2f}", p.mem.optimizer / kGiB));
     line("activations", fmt::format("{:10.2f}", p.mem.activations / kGiB));
     line("buffers", fmt::format("{:10.2f}", p.mem.buffers / kGiB));
+    line("runtime", fmt::format("{:10.2f}", p.mem.runtime / kGiB));
     line("allocator", fmt::format("{:10.2f}", p.mem.allocator / kGiB));
     line("total / capacity",
          fmt::format("{:10.2f} / {:.2f}", p.mem.total() / kGiB, p.mem.capacity / kGiB));

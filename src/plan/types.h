@@ -40,6 +40,9 @@ struct Workload {
     // Tokens an expert computes relative to an even split: GShard / Switch
     // pad to the capacity; a dropless router sees its load imbalance.
     double capacity_factor = 1.0;
+    // Dropout masks are stored (Megatron's GPT); apiary's trainer has no
+    // dropout, so its blocks keep none.
+    bool dropout = true;
 };
 
 struct Layout {
@@ -91,6 +94,14 @@ struct Cluster {
     // (Megatron-LM); unfused, bf16 logits, their fp32 copy and its gradient
     // coexist.
     bool fused_ce = true;
+    // Rows of logits the LM head holds at a time, alone and vocabulary
+    // parallel (0: every row's, kept until backward). apiary's trainer
+    // computes loss and gradient per block of rows in a scratch buffer
+    // (src/kernels/cpu/cross_entropy.cc, tensor_parallel.cc).
+    double head_rows = 0, head_rows_tp = 0;
+    // One block's fp32 activation gradients are kept as scratch per stage
+    // (apiary's backward buffers, src/model/stage.cc).
+    bool grad_scratch = false;
     // Bytes the caching allocator reserves per byte of activations beyond
     // what is live (PyTorch's allocator splits and caches blocks).
     double alloc_frac = 0;
@@ -120,7 +131,12 @@ struct Memory {  // bytes per device, on the fullest pipeline stage
     double params = 0, grads = 0, optimizer = 0, activations = 0, buffers = 0;
     // Held by the caching allocator beyond the live tensors (fragmentation).
     double allocator = 0;
-    double total() const { return params + grads + optimizer + activations + buffers + allocator; }
+    // The runtime's own (CUDA context and library workspaces; a CPU rank's
+    // MPI and thread runtime): outside what the training code allocates.
+    double runtime = 0;
+    double total() const {
+        return params + grads + optimizer + activations + buffers + allocator + runtime;
+    }
     double capacity = 0;
     bool fits() const { return total() <= capacity; }
 };

@@ -158,7 +158,7 @@ TEST(PlanClosedForm, BlockActivationsMatchKorthikanti) {
     auto sets = std::vector<std::string>{"model.preset=gpt3-175b", "train.seq_len=2048",
                                          "parallel.tp=8",          "cluster.gpus=8",
                                          "train.batch_size=1",     "plan.attention=materialized",
-                                         "train.precision=bf16"};
+                                         "train.precision=bf16",   "cluster.device=A100-80GB"};
     for (bool sp : {false, true}) {
         auto s2 = sets;
         s2.push_back(std::string("parallel.sequence_parallel=") + (sp ? "true" : "false"));

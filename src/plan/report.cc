@@ -161,8 +161,9 @@ std::string to_table(const Plan& p, const Cluster& c) {
             blocks += fmt::format("{}{}", i ? "+" : "", split[i]);
             busy += fmt::format("{}{:.3g}", i ? " " : "", st.stage_busy_s[i]);
         }
-        line("stages", fmt::format("blocks {}, busy {} s; least busy idles {:.1f}%", blocks, busy,
-                                   100 * st.stage_idle_max));
+        line("stages", fmt::format("blocks {}, work per step {} s; the least busy idles {:.1f}% "
+                                   "of the schedule",
+                                   blocks, busy, 100 * st.stage_idle_max));
     }
     part("dp comm exposed", st.dp_exposed);
     line("dp comm total", fmt::format("{:10.4g} s", st.dp_comm));

@@ -374,27 +374,12 @@ std::vector<PerMicro> stage_times(const Workload& w, const Layout& l, const Clus
     return out;
 }
 
-}  // namespace
-
-StepTime step_time(const Workload& w, const Layout& l, const Cluster& c) {
-    const auto& m = w.model;
-    const Device& d = c.dev;
-    StepTime st;
-    // Pipeline: activations cross each stage boundary once forward and once
-    // backward per micro-batch (and per chunk when interleaved); Megatron's
-    // scatter/gather sends 1/t of them per rank.
+// Every stage costed on its own (`stages`, per micro-batch); the breakdown
+// is the average stage's work, and the bubble what the schedule adds to it
+// (the slowest stage sets the pace). Returns the slowest stage.
+PerMicro pipeline_time(const Layout& l, const Cluster& c, const std::vector<PerMicro>& stages,
+                       double p2p, StepTime& st) {
     const int chunks = l.schedule == Schedule::interleaved ? l.vpp : 1;
-    const double wire = c.pp_wire_bytes > 0 ? c.pp_wire_bytes : act_bytes(w.dtype);
-    const double pp_msg =
-        double(w.seq_len) / l.cp * l.micro_batch * m.n_embd * wire / (c.pp_scatter ? l.tp : 1);
-    const long long pp_stride = (long long)l.tp * l.cp * l.dp;
-    const double p2p = l.pp > 1 ? 2 * chunks * p2p_s(c, pp_stride, pp_msg) : 0;
-
-    // Every stage costed on its own; the breakdown is the average stage's
-    // work, and the bubble what the schedule adds to it (the slowest stage
-    // sets the pace).
-    const StageSplit split = stage_split(w, l, c.impl);
-    const std::vector<PerMicro> stages = stage_times(w, l, c, split, p2p);
     const double nm = double(l.n_micro), np = double(l.pp);
     std::vector<double> t;
     PerMicro mean, slowest;
@@ -421,6 +406,27 @@ StepTime step_time(const Workload& w, const Layout& l, const Cluster& c) {
         st.stage_idle_max = 1 - nm * least / span;
         for (double x : t) st.stage_busy_s.push_back(nm * x);
     }
+    return slowest;
+}
+
+}  // namespace
+
+StepTime step_time(const Workload& w, const Layout& l, const Cluster& c) {
+    const auto& m = w.model;
+    const Device& d = c.dev;
+    StepTime st;
+    // Pipeline: activations cross each stage boundary once forward and once
+    // backward per micro-batch (and per chunk when interleaved); Megatron's
+    // scatter/gather sends 1/t of them per rank.
+    const int chunks = l.schedule == Schedule::interleaved ? l.vpp : 1;
+    const double wire = c.pp_wire_bytes > 0 ? c.pp_wire_bytes : act_bytes(w.dtype);
+    const double pp_msg =
+        double(w.seq_len) / l.cp * l.micro_batch * m.n_embd * wire / (c.pp_scatter ? l.tp : 1);
+    const long long pp_stride = (long long)l.tp * l.cp * l.dp;
+    const double p2p = l.pp > 1 ? 2 * chunks * p2p_s(c, pp_stride, pp_msg) : 0;
+
+    const StageSplit split = stage_split(w, l, c.impl);
+    const PerMicro slowest = pipeline_time(l, c, stage_times(w, l, c, split, p2p), p2p, st);
     dp_time(w, l, c, split, slowest, st);
 
     // AdamW touches each local fp32 master weight, m, v and gradient: about

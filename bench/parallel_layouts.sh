@@ -2,8 +2,12 @@
 # Every layout of 4 ranks on one model: `apiary bench parallel` under mpirun
 # (1 thread per rank), beside the planner's prediction of the same layout's
 # memory per rank and pipeline bubble (`apiary plan --json`). Prints each
-# run's JSON line, then one table row per layout.
+# run's JSON line, then one table row per layout. The planner's bubble of a
+# pipeline is the share of the schedule its least busy stage idles, what the
+# replayed bubble measures. Its memory is what the trainer's allocator counts
+# (the total less the runtime's own, which the allocator does not see).
 # usage: bench/parallel_layouts.sh [preset] [global_batch] [seq] [precision]
+# LAYOUTS=REGEX runs only the layouts whose name matches (e.g. LAYOUTS=pp).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 preset=${1:-gpt2-124m} batch=${2:-8} seq=${3:-128} precision=${4:-fp32}
@@ -29,6 +33,7 @@ layouts=(
 rows=()
 for l in "${layouts[@]}"; do
     IFS='|' read -r name flags keys <<<"$l"
+    [[ -n "${LAYOUTS:-}" && ! "$name" =~ $LAYOUTS ]] && continue
     # shellcheck disable=SC2086
     run=$("${mpirun[@]}" ./build/apiary bench parallel "${common[@]}" $flags)
     echo "$run"
@@ -46,9 +51,10 @@ peak = max(r["peak_bytes"]["total"] for r in run["per_rank"]) / 2**30
 tp_mb = max(r["tp_bytes"] for r in run["per_rank"]) / 1e6
 pp_mb = max(r["pp_bytes"] for r in run["per_rank"]) / 1e6
 print(f"| {name} | {run['step_time_s']:.2f} | {run['tokens_per_s']:.0f} | {peak:.2f} | "
-      f"{plan['memory_gib']['total']:.2f} | {100*run['ideal_bubble']:.1f}% | "
+      f"{plan['memory_gib']['total'] - plan['memory_gib'].get('runtime', 0):.2f} | "
+      f"{100*run['ideal_bubble']:.1f}% | "
       f"{100*run['replayed_bubble_max']:.1f}% | {100*run['bubble_max']:.1f}% | "
-      f"{100*plan['bubble_fraction']:.1f}% | {tp_mb:.0f} | {pp_mb:.0f} |")
+      f"{100*plan.get('stage_idle_max', 0):.1f}% | {tp_mb:.0f} | {pp_mb:.0f} |")
 PY
 )")
 done

@@ -3,36 +3,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <limits>
-#include <numeric>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/stage_split.h"
 #include "parallel/zero.h"
 
 namespace apiary::parallel {
 
 namespace {
-
-std::vector<int> parse_layer_list(const std::string& text) {
-    std::vector<int> out;
-    std::stringstream ss(text);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-        try {
-            size_t used = 0;
-            const int v = std::stoi(item, &used);
-            if (used != item.size() || v < 1) throw std::invalid_argument(item);
-            out.push_back(v);
-        } catch (const std::exception&) {
-            throw ConfigError(
-                fmt::format("parallel.stage_layers = '{}': '{}' is not a block "
-                            "count (1, 2, ...)",
-                            text, item));
-        }
-    }
-    return out;
-}
 
 std::string join(const std::vector<int>& v, const char* sep) {
     std::string s;
@@ -50,43 +28,6 @@ std::string divisors(int64_t n, int64_t limit = 64) {
 }
 
 }  // namespace
-
-std::vector<int> balanced_stage_layers(const core::ModelSpec& spec, int parts, int seq_len) {
-    const int L = spec.n_layer;
-    // Training FLOPs per token (forward and backward): a block's matmuls
-    // and attention, and the LM head on the last stage.
-    const double block = 6.0 * double(spec.attn_params() + spec.mlp_params(spec.ffn_dim())) +
-                         6.0 * double(seq_len) * double(spec.qk_width() + spec.v_width());
-    const double head = 6.0 * double(spec.vocab_size) * double(spec.n_embd);
-    // best[k][l]: the smallest possible maximum over the first k parts
-    // holding the first l blocks (each part at least one block).
-    const double inf = std::numeric_limits<double>::infinity();
-    std::vector<std::vector<double>> best(size_t(parts) + 1,
-                                          std::vector<double>(size_t(L) + 1, inf));
-    std::vector<std::vector<int>> cut(size_t(parts) + 1, std::vector<int>(size_t(L) + 1, 0));
-    best[0][0] = 0;
-    for (int k = 1; k <= parts; ++k) {
-        for (int l = k; l <= L; ++l) {
-            for (int from = k - 1; from < l; ++from) {
-                double cost = double(l - from) * block;
-                if (k == parts) cost += head;
-                const double m = std::max(best[size_t(k - 1)][size_t(from)], cost);
-                if (m < best[size_t(k)][size_t(l)] - 1e-9) {
-                    best[size_t(k)][size_t(l)] = m;
-                    cut[size_t(k)][size_t(l)] = from;
-                }
-            }
-        }
-    }
-    std::vector<int> counts(static_cast<size_t>(parts));
-    int l = L;
-    for (int k = parts; k >= 1; --k) {
-        const int from = cut[size_t(k)][size_t(l)];
-        counts[size_t(k - 1)] = l - from;
-        l = from;
-    }
-    return counts;
-}
 
 ParallelLayout parallel_layout_from(const core::Config& c, const core::ModelSpec& spec,
                                     int world_size) {
@@ -165,15 +106,7 @@ ParallelLayout parallel_layout_from(const core::Config& c, const core::ModelSpec
     const int L = spec.n_layer;
     std::vector<int> counts;
     if (const std::string& list = c.get_string("parallel.stage_layers"); !list.empty()) {
-        counts = parse_layer_list(list);
-        const int sum = std::accumulate(counts.begin(), counts.end(), 0);
-        if (int(counts.size()) != parts || sum != L) {
-            throw ConfigError(fmt::format(
-                "parallel.stage_layers = '{}': {} entries summing to {}, but the model has "
-                "model.n_layer = {} blocks over {} {}stages; give {} counts that sum to {}",
-                list, counts.size(), sum, L, parts, out.virtual_stages > 1 ? "virtual " : "", parts,
-                L));
-        }
+        counts = core::parse_stage_layers(list, spec, parts, out.virtual_stages > 1);
     } else if (out.virtual_stages > 1) {
         if (L % parts != 0) {
             throw ConfigError(fmt::format(
@@ -191,7 +124,7 @@ ParallelLayout parallel_layout_from(const core::Config& c, const core::ModelSpec
                             "every stage needs at least one block (pp can be {})",
                             pp, L, divisors(L, L)));
         }
-        counts = balanced_stage_layers(spec, parts, int(T));
+        counts = core::balanced_stage_layers(spec, parts, int(T));
     }
     int next = 0;
     for (int count : counts) {

@@ -12,6 +12,7 @@
 #include "comm/mesh.h"
 #include "core/config.h"
 #include "core/model_spec.h"
+#include "core/stage_split.h"
 #include "model/layout.h"
 #include "parallel/schedule.h"
 
@@ -45,9 +46,7 @@ ParallelLayout parallel_layout_from(const core::Config& config, const core::Mode
 // The layout of one rank: the whole model, no sharding.
 ParallelLayout one_rank_layout(const core::ModelSpec& spec, int microbatches = 1);
 
-// Splits n_layer blocks into `parts` contiguous ranges minimising the most
-// expensive (the planner's FLOP counts: a block, plus the LM head on the
-// last part); returns the count per part.
-std::vector<int> balanced_stage_layers(const core::ModelSpec& spec, int parts, int seq_len);
+// The default split of blocks over stages (core/stage_split.h).
+using core::balanced_stage_layers;
 
 }  // namespace apiary::parallel

@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <utility>
 
+#include "core/stage_split.h"
+
 namespace apiary::plan {
 
 namespace {
 bool mixed(Dtype d) { return d != Dtype::fp32 && d != Dtype::tf32; }
+bool gpt(const core::ModelSpec& m) { return m.arch == core::Arch::gpt2; }
 }  // namespace
 
 StateBytes state_bytes(Dtype dtype) {
@@ -61,54 +64,75 @@ double layer_activation_bytes(const core::ModelSpec& m, int seq_len, int micro_b
 
 double block_activation_bytes(const Workload& w, const Layout& l, bool experts, Recompute r) {
     const auto& m = w.model;
-    const bool gpt = m.arch == core::Arch::gpt2;  // dropout masks, GeLU
+    const bool gpt = m.arch == core::Arch::gpt2;  // GeLU
+    const bool masks = gpt && w.dropout;          // dropout masks (GPT)
     const double s = double(w.seq_len) / l.cp, b = l.micro_batch, h = m.n_embd, t = l.tp;
     const double sb = s * b, sbh = sb * h, scale = act_bytes(w.dtype) / 2.0;
     const double rep = l.sp ? t : 1.0;                       // replicated tensors shard with SP
     if (r == Recompute::full) return scale * 2 * sbh / rep;  // the block input
     // Norm inputs, QKV and MLP inputs (2 bytes each), dropout masks (1 byte).
-    double bytes = (8 + (gpt ? 2 : 0)) * sbh / rep;
+    double bytes = (8 + (masks ? 2 : 0)) * sbh / rep;
     // Q, K, V and the attention output (input of the output projection).
     const double kv = m.mla() ? double(m.qk_width() + m.v_width()) : 2.0 * m.kv_dim();
     bytes += 2 * sb * (double(m.qk_width()) + kv + double(m.v_width())) / t;
     const double a = m.n_head;
-    if (w.flash) {
-        bytes += 4 * a * sb / t;  // fp32 log-sum-exp per row
-    } else if (r != Recompute::selective) {
+    // fp32 log-sum-exp per row, 4 bytes whatever the precision (not scaled).
+    const double lse = w.flash ? 4 * a * sb / t : 0.0;
+    if (!w.flash && r != Recompute::selective) {
         // Softmax output, and with dropout its mask and output: 5as^2b (GPT).
-        bytes += (gpt ? 5.0 : 2.0) * a * s * s * b / t;
+        bytes += (masks ? 5.0 : 2.0) * a * s * s * b / t;
     }
     const double act = gpt ? 4 : 6;  // GeLU: in, out; SwiGLU: gate, up, product
-    if (!experts) return scale * (bytes + act * sb * double(m.ffn_dim()) / t);
+    if (!experts) return scale * (bytes + act * sb * double(m.ffn_dim()) / t) + lse;
     // Routed experts: k copies of each token (x capacity), their inputs and
     // outputs and intermediate activations; shared experts; fp32 router logits.
     const double k = double(m.n_expert_active) * w.capacity_factor;
     const double fe = m.expert_ffn_dim();
     bytes += 2 * 2 * sbh * k / rep + act * sb * fe * (k + m.n_shared_expert) / t;
     bytes += 4 * sb * double(m.n_expert);
-    return scale * bytes;
+    return scale * bytes + lse;
 }
 
-double stage_layers(const core::ModelSpec& m, const Layout& l) {
-    // Interleaved: v chunks per stage, the fullest of ceil(L / (p v)) blocks.
-    const int v = l.schedule == Schedule::interleaved ? std::max(1, l.vpp) : 1;
-    return double(v * ((m.n_layer + l.pp * v - 1) / (l.pp * v)));
+std::vector<int> virtual_stage_layers(const Workload& w, const Layout& l, Impl impl) {
+    if (!l.stage_layers.empty()) return l.stage_layers;
+    const int L = w.model.n_layer;
+    const int parts = l.pp * (l.schedule == Schedule::interleaved ? std::max(1, l.vpp) : 1);
+    if (impl == Impl::apiary && parts == l.pp) {
+        return core::balanced_stage_layers(w.model, parts, w.seq_len);
+    }
+    // ceil(L / parts) blocks per virtual stage in order, the remainder
+    // (at least a block each) on the last ones, which hold the head.
+    std::vector<int> counts;
+    const int per = (L + parts - 1) / parts;
+    for (int k = 0, left = L; k < parts; ++k) {
+        counts.push_back(std::max(1, std::min(per, left - (parts - 1 - k))));
+        left -= counts.back();
+    }
+    return counts;
 }
 
-namespace {
+int StageSplit::fullest() const { return *std::max_element(blocks.begin(), blocks.end()); }
 
-// Blocks of pipeline stage `stage`, and how many of them have experts.
-std::pair<int, int> stage_blocks(const core::ModelSpec& m, const Layout& l, int stage) {
-    const int lp = int(stage_layers(m, l));
-    const int first = std::min(m.n_layer, stage * lp), last = std::min(m.n_layer, first + lp);
-    const int moe = m.moe() ? std::max(0, last - std::max(first, m.moe_dense_layers)) : 0;
-    return {last - first, moe};
+StageSplit stage_split(const Workload& w, const Layout& l, Impl impl) {
+    const auto& m = w.model;
+    const std::vector<int> counts = virtual_stage_layers(w, l, impl);
+    StageSplit out;
+    out.blocks.assign(size_t(l.pp), 0);
+    out.moe.assign(size_t(l.pp), 0);
+    int first = 0;
+    for (size_t k = 0; k < counts.size(); ++k) {
+        const size_t stage = k % size_t(l.pp);
+        const int last = first + counts[k];
+        out.blocks[stage] += counts[k];
+        if (m.moe()) out.moe[stage] += std::max(0, last - std::max(first, m.moe_dense_layers));
+        first = last;
+    }
+    return out;
 }
 
-}  // namespace
-
-StageParams stage_param_split(const core::ModelSpec& m, const Layout& l, int stage) {
-    const auto [blocks, moe] = stage_blocks(m, l, stage);
+StageParams stage_param_split(const core::ModelSpec& m, const Layout& l, const StageSplit& split,
+                              int stage) {
+    const int blocks = split.blocks[size_t(stage)], moe = split.moe[size_t(stage)];
     StageParams p;
     if (m.moe()) {
         // Each block by its kind: a dense MLP, or router + shared experts.
@@ -145,8 +169,9 @@ long long in_flight(const Layout& l, int stage) {
 
 // Activations of the stage's blocks for one micro-batch, and the largest
 // single block (what full recomputation re-materialises at a time).
-std::pair<double, double> stage_block_activations(const Workload& w, const Layout& l, int stage) {
-    const auto [blocks, moe] = stage_blocks(w.model, l, stage);
+std::pair<double, double> stage_block_activations(const Workload& w, const Layout& l,
+                                                  const StageSplit& split, int stage) {
+    const int blocks = split.blocks[size_t(stage)], moe = split.moe[size_t(stage)];
     const double dense = block_activation_bytes(w, l, false, l.recompute);
     const double routed = moe > 0 ? block_activation_bytes(w, l, true, l.recompute) : 0.0;
     const double peak = std::max(block_activation_bytes(w, l, false, Recompute::none),
@@ -154,12 +179,32 @@ std::pair<double, double> stage_block_activations(const Workload& w, const Layou
     return {(blocks - moe) * dense + moe * routed, peak};
 }
 
-Memory stage_memory(const Workload& w, const Layout& l, const Cluster& c, int stage) {
+// Scratch the trainer keeps per stage (Cluster::head_rows, grad_scratch):
+// the fp32 logits of one block of rows on the last stage, and one block's
+// activation gradients (residual, norm output, QKV, attention output, MLP
+// input and activation, src/model/stage.cc).
+double scratch_bytes(const Workload& w, const Layout& l, const Cluster& c, int stage) {
+    const auto& m = w.model;
+    const double rows = double(w.seq_len) / l.cp * l.micro_batch, t = l.tp;
+    double bytes = 0;
+    if (stage == l.pp - 1 && c.head_rows > 0) {
+        bytes += 4 * std::min(rows, l.tp > 1 ? c.head_rows_tp : c.head_rows) * m.vocab_size / t;
+    }
+    if (c.grad_scratch) {
+        const double C = m.n_embd, F = m.ffn_dim();
+        const double qkv = double(m.qk_width()) + 2.0 * m.kv_dim(), up = gpt(m) ? F : 2 * F;
+        bytes += 4 * rows * (2 * C + (qkv + double(m.v_width()) + up + F) / t);
+    }
+    return bytes;
+}
+
+Memory stage_memory(const Workload& w, const Layout& l, const Cluster& c, const StageSplit& split,
+                    int stage) {
     const auto& m = w.model;
     const StateBytes sb = state_bytes(w.dtype);
     // Dense weights are replicated over dp x cp ranks, experts over dp x cp / ep.
     const double d = double(l.dp) * l.cp, de = d / l.ep;
-    const StageParams p = stage_param_split(m, l, stage);
+    const StageParams p = stage_param_split(m, l, split, stage);
     auto shard = [&](double bytes, int from) {
         return bytes * (p.dense / (l.zero >= from ? d : 1) + p.expert / (l.zero >= from ? de : 1));
     };
@@ -176,23 +221,26 @@ Memory stage_memory(const Workload& w, const Layout& l, const Cluster& c, int st
     const double s = double(w.seq_len) / l.cp;
     const double sbh = s * l.micro_batch * m.n_embd;
     const double ab = act_bytes(w.dtype);
-    const auto [blocks, peak] = stage_block_activations(w, l, stage);
+    const auto [blocks, peak] = stage_block_activations(w, l, split, stage);
     double act = blocks * mult;
     if (l.recompute == Recompute::full) act += peak;
     // Embedding dropout mask per micro-batch in flight (Korthikanti eq. 5:
     // sbhp/t) and, on the last stage, the LM head input and fp32 logits for
     // the cross entropy (4sbh/t + 4sbV/t).
-    if (stage == 0 && m.arch == core::Arch::gpt2) act += sbh * mult / l.tp;
+    if (stage == 0 && m.arch == core::Arch::gpt2 && w.dropout) act += sbh * mult / l.tp;
     if (stage == l.pp - 1) {
         // Unfused, the bf16 logits, their fp32 copy and its fp32 gradient
-        // are all live when the loss is differentiated: 10 sbV/t.
-        const double logits = c.fused_ce ? 4.0 : 10.0;
+        // are all live when the loss is differentiated: 10 sbV/t. A head
+        // that works through blocks of rows keeps no logits (its scratch is
+        // a buffer, below).
+        const double logits = c.head_rows > 0 ? 0.0 : c.fused_ce ? 4.0 : 10.0;
         act += (2 * sbh * ab + logits * s * l.micro_batch * double(m.vocab_size)) / l.tp;
     }
     mem.activations = act;
     mem.allocator = c.alloc_frac * act;
 
-    double buf = c.dev.reserved_bytes;
+    mem.runtime = c.dev.reserved_bytes;
+    double buf = 0;
     if (l.dp * l.cp > 1 && l.zero < 3) buf += std::min(p.total(), 40e6) * 4;  // fp32 DP bucket
     if (l.zero >= 3 && c.impl == Impl::fsdp && l.pp > 1) {
         // FSDP under pipeline parallelism does not reshard after forward
@@ -207,24 +255,27 @@ Memory stage_memory(const Workload& w, const Layout& l, const Cluster& c, int st
     }
     if (l.tp > 1) buf += 2 * sbh * ab;  // TP all-gather / all-reduce staging
     if (m.moe()) buf += 2 * sbh * m.n_expert_active * w.capacity_factor * ab;  // all-to-all
-    mem.buffers = buf;
+    mem.buffers = buf + scratch_bytes(w, l, c, stage);
     mem.capacity = c.dev.mem_bytes / (c.dev.shared_by_ranks ? double(c.ranks_per_node()) : 1.0);
     return mem;
 }
 
 }  // namespace
 
-double stage_params_per_device(const core::ModelSpec& m, const Layout& l) {
+double stage_params_per_device(const core::ModelSpec& m, const Layout& l, const StageSplit& split) {
     double best = 0;
-    for (int s : {0, l.pp - 1}) best = std::max(best, stage_param_split(m, l, s).total());
+    for (int s = 0; s < l.pp; ++s) best = std::max(best, stage_param_split(m, l, split, s).total());
     return best;
 }
 
 Memory memory_per_device(const Workload& w, const Layout& l, const Cluster& c) {
-    Memory first = stage_memory(w, l, c, 0);
-    if (l.pp == 1) return first;
-    Memory last = stage_memory(w, l, c, l.pp - 1);
-    return last.total() > first.total() ? last : first;
+    const StageSplit split = stage_split(w, l, c.impl);
+    Memory most = stage_memory(w, l, c, split, 0);
+    for (int s = 1; s < l.pp; ++s) {
+        Memory mem = stage_memory(w, l, c, split, s);
+        if (mem.total() > most.total()) most = mem;
+    }
+    return most;
 }
 
 }  // namespace apiary::plan

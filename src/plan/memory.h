@@ -42,11 +42,22 @@ double layer_activation_bytes(const core::ModelSpec& m, int seq_len, int micro_b
 // GPT block with stored scores it equals layer_activation_bytes.
 double block_activation_bytes(const Workload& w, const Layout& l, bool experts, Recompute r);
 
-// Blocks on the fullest pipeline stage: ceil(L / pp). Megatron-LM needs pp to
-// divide L; other frameworks (DeepSpeed, Llama 3's) balance uneven stages,
-// e.g. 126 layers on 16 stages, so an uneven split is allowed and costed by
-// its fullest stage.
-double stage_layers(const core::ModelSpec& m, const Layout& l);
+// Blocks of each virtual stage (chunk c of stage s is virtual stage c pp + s):
+// parallel.stage_layers when given. Otherwise apiary's trainer balances the
+// blocks of a non-interleaved pipeline by FLOPs with the LM head counted on
+// the last stage (core::balanced_stage_layers, what src/parallel runs); the
+// other stacks split evenly when pp x v divides L (Megatron-LM requires it)
+// and otherwise give ceil(L / (pp v)) blocks to each virtual stage in order,
+// the remainder to the last ones (126 layers on 16 stages: 8 x 15 + 6).
+std::vector<int> virtual_stage_layers(const Workload& w, const Layout& l, Impl impl);
+
+// Blocks of each pipeline stage (all its chunks) and how many of them have
+// experts. The first stage also holds the embedding, the last the LM head.
+struct StageSplit {
+    std::vector<int> blocks, moe;
+    int fullest() const;  // the most blocks on one stage
+};
+StageSplit stage_split(const Workload& w, const Layout& l, Impl impl);
 
 // Parameters one device of a pipeline stage holds: those replicated over the
 // data-parallel ranks (dense) and the expert weights (sharded over ep).
@@ -54,11 +65,14 @@ struct StageParams {
     double dense = 0, expert = 0;
     double total() const { return dense + expert; }
 };
-StageParams stage_param_split(const core::ModelSpec& m, const Layout& l, int stage);
+StageParams stage_param_split(const core::ModelSpec& m, const Layout& l, const StageSplit& split,
+                              int stage);
 
-// Parameters held by one device on the fullest pipeline stage.
-double stage_params_per_device(const core::ModelSpec& m, const Layout& l);
+// Parameters held by one device on the pipeline stage that holds the most.
+double stage_params_per_device(const core::ModelSpec& m, const Layout& l, const StageSplit& split);
 
+// Memory of the pipeline stage that needs the most (every stage is costed:
+// its blocks, micro-batches in flight, and the embedding or head it owns).
 Memory memory_per_device(const Workload& w, const Layout& l, const Cluster& c);
 
 }  // namespace apiary::plan

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/stage_split.h"
 #include "plan/calibrate.h"
 #include "plan/memory.h"
 #include "plan/step_time.h"
@@ -93,7 +94,7 @@ namespace {
 // Megatron-LM's 2019 code on its own single-V100 baseline (Shoeybi et al.
 // 2019, Section 5.1: 39 TFLOP/s where the 2020 V1.0 code ran 62).
 constexpr double kDeepSpeedEff = 0.81;
-constexpr double kFsdpEff = 0.85;
+constexpr double kFsdpEff = 0.88;
 constexpr double kMegatron2019Eff = 0.49;
 // Host seconds per kernel launch in PyTorch eager with Transformer Engine
 // (Python dispatch, autograd bookkeeping, the CUDA launch itself; a few to
@@ -113,6 +114,7 @@ void apply_profile(Cluster& c, Impl impl) {
     c.dp_overlap = c.dev.dp_overlap, c.zero3_gathers = 1, c.launch_s = kLaunchS;
     c.fused_ce = true, c.alloc_frac = c.dev.kind == "cpu" ? 0.0 : kAllocFrac;
     c.pp_wire_bytes = 0, c.zero2_per_micro = false, c.selective_reruns_attention = false;
+    c.head_rows = 0, c.head_rows_tp = 0, c.grad_scratch = false;
     switch (impl) {
         case Impl::megatron:
             break;
@@ -144,6 +146,7 @@ void apply_profile(Cluster& c, Impl impl) {
             // log-sum-exp are not kept), its own allocator.
             c.pp_scatter = false, c.dp_overlap = 0, c.zero3_gathers = 1, c.alloc_frac = 0;
             c.pp_wire_bytes = 4, c.zero2_per_micro = true, c.selective_reruns_attention = true;
+            c.head_rows = 512, c.head_rows_tp = 256, c.grad_scratch = true;
             break;
     }
 }
@@ -421,8 +424,22 @@ PlanInput resolve_input(const core::Config& cfg, bool check_layout) {
     const long long gb = cfg.get_int("plan.global_batch");
     w.global_batch = gb > 0 ? gb : l.micro_batch * cfg.get_int("train.grad_accum") * dp;
     in.c = cluster_from(cfg, n);
-    if (!check_layout) return in;
+    // apiary's trainer has no dropout: its blocks store no masks.
+    w.dropout = in.c.impl != Impl::apiary;
+    const std::string& stages = cfg.get_string("parallel.stage_layers");
+    if (!check_layout) {
+        if (!stages.empty()) {
+            in.warnings.push_back(fmt::format(
+                "parallel.stage_layers = '{}' is not used by plan search: it varies pp and "
+                "splits the blocks as the implementation does",
+                stages));
+        }
+        return in;
+    }
     if (auto p = layout_problem(w, l); !p.empty()) throw ConfigError(p);
+    if (!stages.empty()) {
+        l.stage_layers = core::parse_stage_layers(stages, w.model, l.pp * l.vpp, l.vpp > 1);
+    }
     l.n_micro = w.global_batch / (l.dp * l.micro_batch);
     if (auto mb = cfg.get_int("parallel.microbatches"); mb > 0 && mb != l.n_micro) {
         throw ConfigError(fmt::format(
@@ -488,10 +505,11 @@ Plan evaluate(const Workload& w, const Layout& l, const Cluster& c) {
     if (!p.fits) {
         p.why = fmt::format(
             "needs {:.1f} GiB per device (params {:.1f}, grads {:.1f}, optimizer {:.1f}, "
-            "activations {:.1f}, buffers {:.1f}, allocator {:.1f}) but {} has {:.1f} GiB",
+            "activations {:.1f}, buffers {:.1f}, allocator {:.1f}, runtime {:.1f}) but {} has "
+            "{:.1f} GiB",
             p.mem.total() / kGiB, p.mem.params / kGiB, p.mem.grads / kGiB, p.mem.optimizer / kGiB,
-            p.mem.activations / kGiB, p.mem.buffers / kGiB, p.mem.allocator / kGiB, c.dev.name,
-            p.mem.capacity / kGiB);
+            p.mem.activations / kGiB, p.mem.buffers / kGiB, p.mem.allocator / kGiB,
+            p.mem.runtime / kGiB, c.dev.name, p.mem.capacity / kGiB);
     }
     return p;
 }

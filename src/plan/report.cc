@@ -65,7 +65,8 @@ nlohmann::json to_json(const Plan& p, const Cluster& c) {
         {"params", p.mem.params / kGiB},       {"grads", p.mem.grads / kGiB},
         {"optimizer", p.mem.optimizer / kGiB}, {"activations", p.mem.activations / kGiB},
         {"buffers", p.mem.buffers / kGiB},     {"allocator", p.mem.allocator / kGiB},
-        {"total", p.mem.total() / kGiB},       {"capacity", p.mem.capacity / kGiB}};
+        {"runtime", p.mem.runtime / kGiB},     {"total", p.mem.total() / kGiB},
+        {"capacity", p.mem.capacity / kGiB}};
     j["fits"] = p.fits;
     if (!p.fits) j["why"] = p.why;
     const auto& st = p.st;
@@ -76,6 +77,11 @@ nlohmann::json to_json(const Plan& p, const Cluster& c) {
                                   {"bubble", st.bubble},         {"dp_comm", st.dp_comm},
                                   {"dp_exposed", st.dp_exposed}, {"optimizer", st.optimizer}};
     j["bubble_fraction"] = st.bubble_fraction;
+    if (l.pp > 1) {
+        j["stage_blocks"] = stage_split(p.w, l, c.impl).blocks;
+        j["stage_busy_s"] = st.stage_busy_s;
+        j["stage_idle_max"] = st.stage_idle_max;
+    }
     j["tokens_per_s"] = num(st.tokens_per_s);
     j["tflops_per_device"] = st.tflops_per_device;
     j["hw_tflops_per_device"] = st.hw_flops / st.total / double(l.devices()) / 1e12;
@@ -132,6 +138,7 @@ std::string to_table(const Plan& p, const Cluster& c) {
     line("optimizer", fmt::format("{:10.2f}", p.mem.optimizer / kGiB));
     line("activations", fmt::format("{:10.2f}", p.mem.activations / kGiB));
     line("buffers", fmt::format("{:10.2f}", p.mem.buffers / kGiB));
+    line("runtime", fmt::format("{:10.2f}", p.mem.runtime / kGiB));
     line("allocator", fmt::format("{:10.2f}", p.mem.allocator / kGiB));
     line("total / capacity",
          fmt::format("{:10.2f} / {:.2f}", p.mem.total() / kGiB, p.mem.capacity / kGiB));
@@ -147,6 +154,17 @@ std::string to_table(const Plan& p, const Cluster& c) {
     if (p.l.ep > 1) part("ep all-to-all exposed", st.ep_comm);
     part("pp comm", st.pp_comm);
     part("pipeline bubble", st.bubble);
+    if (p.l.pp > 1) {
+        std::string blocks, busy;
+        const auto split = stage_split(p.w, p.l, c.impl).blocks;
+        for (size_t i = 0; i < split.size(); ++i) {
+            blocks += fmt::format("{}{}", i ? "+" : "", split[i]);
+            busy += fmt::format("{}{:.3g}", i ? " " : "", st.stage_busy_s[i]);
+        }
+        line("stages", fmt::format("blocks {}, work per step {} s; the least busy idles {:.1f}% "
+                                   "of the schedule",
+                                   blocks, busy, 100 * st.stage_idle_max));
+    }
     part("dp comm exposed", st.dp_exposed);
     line("dp comm total", fmt::format("{:10.4g} s", st.dp_comm));
     part("optimizer", st.optimizer);

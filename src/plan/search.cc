@@ -173,10 +173,10 @@ std::string fits_nowhere(const Workload& w, const Cluster& c, const SearchResult
         "device (model states {:.1f}, activations {:.1f}, buffers {:.1f}) of {:.1f} GiB",
         double(w.model.num_params()) / 1e9, c.n, c.dev.name, layout_string(r.min_layout),
         m.total() / kGiB, (m.params + m.grads + m.optimizer) / kGiB,
-        (m.activations + m.allocator) / kGiB, m.buffers / kGiB, m.capacity / kGiB);
+        (m.activations + m.allocator) / kGiB, (m.buffers + m.runtime) / kGiB, m.capacity / kGiB);
     // With ZeRO-3 and full recomputation, model states shrink as 1/devices.
     const double states = m.params + m.grads + m.optimizer;
-    const double room = m.capacity - m.activations - m.allocator - m.buffers;
+    const double room = m.capacity - m.activations - m.allocator - m.buffers - m.runtime;
     if (room > 0 && states > 0) {
         const double need = std::ceil(double(c.n) * states / room);
         long long p2 = 1;
@@ -186,7 +186,7 @@ std::string fits_nowhere(const Workload& w, const Cluster& c, const SearchResult
         s += fmt::format(
             "; activations and buffers alone exceed the device: use devices with "
             "more than {:.1f} GiB, or shorten train.seq_len",
-            (m.activations + m.allocator + m.buffers) / kGiB);
+            (m.activations + m.allocator + m.buffers + m.runtime) / kGiB);
     }
     return s;
 }

@@ -186,19 +186,33 @@ LayerCost layer_cost(const Workload& w, const Layout& l, const Cluster& c, bool 
     return lc;
 }
 
-struct PerMicro {  // seconds per micro-batch on the fullest stage
-    double compute = 0, rec = 0, tp = 0, cp = 0, ep = 0, fwd = 0;
+struct PerMicro {  // seconds per micro-batch on one pipeline stage
+    double compute = 0, rec = 0, tp = 0, cp = 0, ep = 0, pp = 0, fwd = 0;
+    double total() const { return compute + rec + tp + cp + ep + pp; }
 };
 
-PerMicro per_micro(const Workload& w, const Layout& l, const Cluster& c) {
+// The costs of one dense and one MoE block, computed once for every stage.
+struct BlockCosts {
+    LayerCost dense, moe;
+    double tp_one = 0;  // one tensor-parallel all-reduce of the block's activations
+};
+
+BlockCosts block_costs(const Workload& w, const Layout& l, const Cluster& c) {
     const auto& m = w.model;
-    const double lp = stage_layers(m, l);
-    // The fullest stage's blocks by kind (the last stage when experts start late).
-    const double moe = m.moe() ? std::min(lp, double(m.moe_layers())) : 0;
-    const double dense = lp - moe;
-    const LayerCost dl = layer_cost(w, l, c, false);
-    const LayerCost ml = moe > 0 ? layer_cost(w, l, c, true) : LayerCost{};
-    auto each = [&](auto f) { return dense * f(dl) + moe * f(ml); };
+    BlockCosts bc;
+    bc.dense = layer_cost(w, l, c, false);
+    if (m.moe()) bc.moe = layer_cost(w, l, c, true);
+    const double msg = double(w.seq_len) / l.cp * l.micro_batch * m.n_embd *
+                       act_bytes(w.dtype == Dtype::fp8 ? Dtype::bf16 : w.dtype);
+    bc.tp_one = all_reduce_s(c, Group{l.tp, 1}, msg, true);
+    return bc;
+}
+
+// The blocks of one stage (`dense` and `moe` of them) for one micro-batch;
+// `ends`: whether the stage holds the embedding and / or the LM head.
+PerMicro stage_blocks_time(const Layout& l, const Cluster& c, const BlockCosts& bc, double dense,
+                           double moe, int ends, bool flash) {
+    auto each = [&](auto f) { return dense * f(bc.dense) + moe * f(bc.moe); };
     PerMicro p;
     // Forward 1x, backward 2x (weight and input gradients); fused attention's
     // backward also recomputes the scores.
@@ -206,7 +220,7 @@ PerMicro per_micro(const Workload& w, const Layout& l, const Cluster& c) {
     p.compute =
         each([](const LayerCost& x) { return 3 * x.fwd - 2 * x.attn_core + x.attn_bwd + x.once; });
     if (l.recompute == Recompute::full) p.rec = p.fwd;
-    if (l.recompute == Recompute::selective && (!w.flash || c.selective_reruns_attention)) {
+    if (l.recompute == Recompute::selective && (!flash || c.selective_reruns_attention)) {
         p.rec = each([](const LayerCost& x) { return x.attn_core; });
     }
     const double attn_time = each([](const LayerCost& x) { return x.attn_core + x.attn_bwd; });
@@ -216,16 +230,24 @@ PerMicro per_micro(const Workload& w, const Layout& l, const Cluster& c) {
     // Tensor parallelism: 2 all-reduces in forward and 2 in backward per block
     // (Shoeybi et al. 2019); sequence parallelism swaps each for a
     // reduce-scatter + all-gather of the same volume. Full recomputation
-    // repeats the forward ones. Megatron does not overlap them.
-    const double msg = double(w.seq_len) / l.cp * l.micro_batch * m.n_embd *
-                       act_bytes(w.dtype == Dtype::fp8 ? Dtype::bf16 : w.dtype);
-    const double one = all_reduce_s(c, Group{l.tp, 1}, msg, true);
-    // Plus the vocabulary-parallel embedding's sum in forward and the
-    // gradient of the head's input in backward: both on one stage, or one
-    // each on the first and last.
-    const double ends = l.pp == 1 ? 2 : 1;
-    p.tp = (lp * (4 + (l.recompute == Recompute::full ? 2 : 0)) + ends) * one;
+    // repeats the forward ones. Megatron does not overlap them. Plus the
+    // vocabulary-parallel embedding's sum in forward and the gradient of the
+    // head's input in backward, on the stages that hold them.
+    const double blocks = dense + moe;
+    p.tp = (blocks * (4 + (l.recompute == Recompute::full ? 2 : 0)) + ends) * bc.tp_one;
     return p;
+}
+
+// The token (and position) embedding on the first stage: a memory-bound
+// gather of s b rows forward, and in backward the rows' gradients read and
+// added into the table's gradient (read and written): 5 passes over s b C
+// values per table.
+double embed_time(const Workload& w, const Layout& l, const Cluster& c) {
+    const Device& d = c.dev;
+    const double bw = d.mem_bw * d.mem_eff * c.share();
+    const double tables = w.model.arch == core::Arch::gpt2 ? 2 : 1;
+    const double tok = double(w.seq_len) / l.cp * l.micro_batch;
+    return 5 * tables * tok * w.model.n_embd * act_bytes(w.dtype) / bw;
 }
 
 double head_time(const Workload& w, const Layout& l, const Cluster& c) {
@@ -243,13 +265,16 @@ double head_time(const Workload& w, const Layout& l, const Cluster& c) {
 }
 
 // DP / ZeRO communication of one step, and the part backward cannot hide.
-void dp_time(const Workload& w, const Layout& l, const Cluster& c, const PerMicro& pm,
-             StepTime& st) {
+// `pm`: the slowest stage's micro-batch, the one whose backward hides it.
+void dp_time(const Workload& w, const Layout& l, const Cluster& c, const StageSplit& split,
+             const PerMicro& pm, StepTime& st) {
     const auto& m = w.model;
     const StateBytes sb = state_bytes(w.dtype);
-    const StageParams p{
-        std::max(stage_param_split(m, l, 0).dense, stage_param_split(m, l, l.pp - 1).dense),
-        std::max(stage_param_split(m, l, 0).expert, stage_param_split(m, l, l.pp - 1).expert)};
+    StageParams p;
+    for (int s = 0; s < l.pp; ++s) {
+        const StageParams q = stage_param_split(m, l, split, s);
+        p.dense = std::max(p.dense, q.dense), p.expert = std::max(p.expert, q.expert);
+    }
     // Dense weights are replicated over the dp x cp ranks (stride tp),
     // experts over dp x cp / ep (the ranks ep apart).
     const Group dense{l.dp * l.cp, l.tp}, expert{l.dp * l.cp / l.ep, (long long)l.tp * l.ep};
@@ -278,7 +303,7 @@ void dp_time(const Workload& w, const Layout& l, const Cluster& c, const PerMicr
     // parameter tensor), so the ring latency, (n - 1) alpha per collective,
     // is paid 3 x blocks x that.
     const double k = c.zero3_gathers > 0 ? c.zero3_gathers : (m.arch == core::Arch::gpt2 ? 12 : 9);
-    const double lp = stage_layers(m, l);
+    const double lp = split.fullest();
     auto three = [&](Group g, double params) {
         return 2 * reduce_scatter_s(c, g, params * sb.weight) +
                reduce_scatter_s(c, g, params * sb.grad);
@@ -297,20 +322,32 @@ double oversubscription(const Cluster& c) {
 }
 bool pooled(const Layout& l, const Cluster& c) { return l.pp > 1 && oversubscription(c) > 1; }
 
-// The pipeline's fill and drain, seconds per step. A stage idles for them:
-// the bubble fraction of the fullest stage's micro-batches (`full`).
-// Pooled, the cores go where there is work: the step lasts the longer of
-// the average stage's work (`busy`, every time here is at a rank's share of
-// the cores) and the schedule's critical path at full core speed, plus the
-// start and the end, when fewer ranks than cores have work (stage 0 runs
-// the first forward alone and the last backward alone). `op`: one chunk's
-// forward and backward of one micro-batch.
-double pipeline_bubble(const Layout& l, const Cluster& c, double f, double busy, double full,
-                       double op) {
+// Seconds per step of a pipeline whose stages take `t[s]` per micro-batch
+// (all their chunks, forward and backward): the slowest stage works through
+// every micro-batch, and one micro-batch's chunks pass through all the
+// others on the way in and out: (m - 1/v) max t + sum t / v. Equal stages
+// give m t + (p - 1) t / v, the bubble fraction (p - 1)/(v m) of GPipe
+// (Huang et al. 2019), 1F1B (Narayanan et al. 2019) and the interleaved
+// schedule (Narayanan et al. 2021).
+double pipeline_span(const std::vector<double>& t, double m, double v) {
+    double sum = 0, most = 0;
+    for (double x : t) sum += x, most = std::max(most, x);
+    return (m - 1 / v) * most + sum / v;
+}
+
+// The pipeline's idle time per step beyond the average stage's work
+// (`busy`): fill and drain, and waiting for the slowest stage. `span`: the
+// schedule's length at the stages' own speed (pipeline_span). Pooled, the
+// cores go where there is work: the step lasts the longer of `busy` (every
+// time here is at a rank's share of the cores) and the schedule at full
+// core speed, plus the start and the end, when fewer ranks than cores have
+// work (stage 0 runs the first forward alone and the last backward alone).
+// `op`: one chunk's forward and backward of one micro-batch.
+double pipeline_bubble(const Layout& l, const Cluster& c, double span, double busy, double op) {
     if (l.pp <= 1) return 0;
-    if (!pooled(l, c)) return f * full;
+    if (!pooled(l, c)) return std::max(0.0, span - busy);
     const double over = oversubscription(c), cores = c.dev.cores;
-    const double critical = (1 + f) * full / over - busy;
+    const double critical = span / over - busy;
     const double per_stage = double(c.ranks_per_node()) / l.pp;
     double ramp = 0;
     for (int k = 1; k < l.pp && k * per_stage < cores; ++k) {
@@ -319,14 +356,65 @@ double pipeline_bubble(const Layout& l, const Cluster& c, double f, double busy,
     return std::max(critical, ramp);
 }
 
+// Each stage's time per micro-batch: its blocks, the embedding on the first,
+// the LM head and loss on the last, and its point-to-point messages (`p2p`).
+std::vector<PerMicro> stage_times(const Workload& w, const Layout& l, const Cluster& c,
+                                  const StageSplit& split, double p2p) {
+    const BlockCosts bc = block_costs(w, l, c);
+    const double head = head_time(w, l, c), embed = embed_time(w, l, c);
+    std::vector<PerMicro> out;
+    for (int s = 0; s < l.pp; ++s) {
+        const bool first = s == 0, last = s == l.pp - 1;
+        const double moe = split.moe[size_t(s)], dense = split.blocks[size_t(s)] - moe;
+        PerMicro p = stage_blocks_time(l, c, bc, dense, moe, int(first) + int(last), w.flash);
+        p.compute += (first ? embed : 0) + (last ? head : 0);
+        p.pp = p2p;
+        out.push_back(p);
+    }
+    return out;
+}
+
+// Every stage costed on its own (`stages`, per micro-batch); the breakdown
+// is the average stage's work, and the bubble what the schedule adds to it
+// (the slowest stage sets the pace). Returns the slowest stage.
+PerMicro pipeline_time(const Layout& l, const Cluster& c, const std::vector<PerMicro>& stages,
+                       double p2p, StepTime& st) {
+    const int chunks = l.schedule == Schedule::interleaved ? l.vpp : 1;
+    const double nm = double(l.n_micro), np = double(l.pp);
+    std::vector<double> t;
+    PerMicro mean, slowest;
+    for (const PerMicro& p : stages) {
+        t.push_back(p.total());
+        mean.compute += p.compute / np, mean.rec += p.rec / np, mean.tp += p.tp / np;
+        mean.cp += p.cp / np, mean.ep += p.ep / np;
+        if (p.total() >= slowest.total()) slowest = p;
+    }
+    st.compute = nm * mean.compute;
+    st.recompute = nm * mean.rec;
+    st.tp_comm = nm * mean.tp;
+    st.cp_comm = nm * mean.cp;
+    st.ep_comm = nm * mean.ep;
+    st.pp_comm = nm * p2p;
+    const double busy =
+        st.compute + st.recompute + st.tp_comm + st.cp_comm + st.ep_comm + st.pp_comm;
+    const double span = pipeline_span(t, nm, chunks);
+    const double most = *std::max_element(t.begin(), t.end());
+    const double least = *std::min_element(t.begin(), t.end());
+    st.bubble = pipeline_bubble(l, c, span, busy, most / chunks);
+    if (l.pp > 1) {
+        st.bubble_fraction = st.bubble / busy;
+        st.stage_idle_max = 1 - nm * least / span;
+        for (double x : t) st.stage_busy_s.push_back(nm * x);
+    }
+    return slowest;
+}
+
 }  // namespace
 
 StepTime step_time(const Workload& w, const Layout& l, const Cluster& c) {
     const auto& m = w.model;
     const Device& d = c.dev;
     StepTime st;
-    const PerMicro pm = per_micro(w, l, c);
-    const double head = head_time(w, l, c);
     // Pipeline: activations cross each stage boundary once forward and once
     // backward per micro-batch (and per chunk when interleaved); Megatron's
     // scatter/gather sends 1/t of them per rank.
@@ -337,33 +425,15 @@ StepTime step_time(const Workload& w, const Layout& l, const Cluster& c) {
     const long long pp_stride = (long long)l.tp * l.cp * l.dp;
     const double p2p = l.pp > 1 ? 2 * chunks * p2p_s(c, pp_stride, pp_msg) : 0;
 
-    // A pipeline on cores its ranks share (pooled()) lasts as long as its
-    // average stage works, the blocks and the head spread over the stages;
-    // elsewhere every stage waits for the fullest, which holds the head.
-    const double t_mb = pm.compute + head + pm.rec + pm.tp + pm.cp + pm.ep + p2p;
-    const bool pool = pooled(l, c);
-    const double blocks = pool ? double(m.n_layer) / l.pp / stage_layers(m, l) : 1.0;
-    const double per_mb_compute = pm.compute * blocks + head / (pool ? l.pp : 1);
-    const double nm = double(l.n_micro);
-    st.bubble_fraction = l.pp > 1 ? bubble_fraction(l.pp, l.n_micro, chunks) : 0;
-    st.compute = nm * per_mb_compute;
-    st.recompute = nm * pm.rec * blocks;
-    st.tp_comm = nm * pm.tp * blocks;
-    st.cp_comm = nm * pm.cp * blocks;
-    st.ep_comm = nm * pm.ep * blocks;
-    st.pp_comm = nm * p2p;
-    const double busy =
-        st.compute + st.recompute + st.tp_comm + st.cp_comm + st.ep_comm + st.pp_comm;
-    st.bubble = pipeline_bubble(l, c, st.bubble_fraction, busy, nm * t_mb, t_mb / chunks);
-    PerMicro window = pm;
-    window.compute = per_mb_compute;
-    dp_time(w, l, c, window, st);
+    const StageSplit split = stage_split(w, l, c.impl);
+    const PerMicro slowest = pipeline_time(l, c, stage_times(w, l, c, split, p2p), p2p, st);
+    dp_time(w, l, c, split, slowest, st);
 
     // AdamW touches each local fp32 master weight, m, v and gradient: about
     // 32 bytes per parameter in mixed precision, 28 in fp32.
     const StateBytes sb = state_bytes(w.dtype);
     const double shard = l.zero >= 1 ? double(l.dp) * l.cp : 1.0;
-    const double opt_params = stage_params_per_device(m, l) / shard;
+    const double opt_params = stage_params_per_device(m, l, split) / shard;
     const double opt_bytes = (sb.optimizer == 12 ? 32.0 : 28.0) * opt_params;
     st.optimizer = opt_bytes / (d.mem_bw * d.mem_eff * c.share());
 

@@ -40,6 +40,9 @@ struct Workload {
     // Tokens an expert computes relative to an even split: GShard / Switch
     // pad to the capacity; a dropless router sees its load imbalance.
     double capacity_factor = 1.0;
+    // Dropout masks are stored (Megatron's GPT); apiary's trainer has no
+    // dropout, so its blocks keep none.
+    bool dropout = true;
 };
 
 struct Layout {
@@ -55,6 +58,10 @@ struct Layout {
     long long n_micro = 1;  // micro-batches per optimizer step per pipeline
     Schedule schedule = Schedule::one_f_one_b;
     int vpp = 1;  // model chunks per stage (interleaved schedule)
+    // Blocks of each virtual stage, in the trainer's order (chunk c of stage s
+    // is virtual stage c pp + s): parallel.stage_layers. Empty: the
+    // implementation's own split (stage_split in plan/memory.h).
+    std::vector<int> stage_layers;
     // Ranks are ordered tp, cp, dp (ep its inner part), pp: tp fastest.
     long long devices() const { return (long long)tp * cp * pp * dp; }
 };
@@ -87,6 +94,14 @@ struct Cluster {
     // (Megatron-LM); unfused, bf16 logits, their fp32 copy and its gradient
     // coexist.
     bool fused_ce = true;
+    // Rows of logits the LM head holds at a time, alone and vocabulary
+    // parallel (0: every row's, kept until backward). apiary's trainer
+    // computes loss and gradient per block of rows in a scratch buffer
+    // (src/kernels/cpu/cross_entropy.cc, tensor_parallel.cc).
+    double head_rows = 0, head_rows_tp = 0;
+    // One block's fp32 activation gradients are kept as scratch per stage
+    // (apiary's backward buffers, src/model/stage.cc).
+    bool grad_scratch = false;
     // Bytes the caching allocator reserves per byte of activations beyond
     // what is live (PyTorch's allocator splits and caches blocks).
     double alloc_frac = 0;
@@ -116,7 +131,12 @@ struct Memory {  // bytes per device, on the fullest pipeline stage
     double params = 0, grads = 0, optimizer = 0, activations = 0, buffers = 0;
     // Held by the caching allocator beyond the live tensors (fragmentation).
     double allocator = 0;
-    double total() const { return params + grads + optimizer + activations + buffers + allocator; }
+    // The runtime's own (CUDA context and library workspaces; a CPU rank's
+    // MPI and thread runtime): outside what the training code allocates.
+    double runtime = 0;
+    double total() const {
+        return params + grads + optimizer + activations + buffers + allocator + runtime;
+    }
     double capacity = 0;
     bool fits() const { return total() <= capacity; }
 };
@@ -133,9 +153,15 @@ struct StepTime {          // seconds per optimizer step
     double dp_exposed = 0;  // the part not hidden behind backward
     double optimizer = 0;
     double total = 0;
-    double bubble_fraction = 0;  // (p - 1) / (v m)
-    double model_flops = 0;      // per step, whole cluster
-    double hw_flops = 0;         // with recomputation
+    // The pipeline's idle time over the average stage's work: (p - 1) / (v m)
+    // for equal stages, more when one stage (the head's) is slower.
+    double bubble_fraction = 0;
+    // Share of the schedule's span that its least busy stage idles (what
+    // `apiary bench parallel` replays from measured op times as its bubble).
+    double stage_idle_max = 0;
+    std::vector<double> stage_busy_s;  // each stage's work per step (pipeline only)
+    double model_flops = 0;            // per step, whole cluster
+    double hw_flops = 0;               // with recomputation
     double tokens_per_s = 0;
     double tflops_per_device = 0;  // model FLOPs
     double mfu = 0, hfu = 0;

@@ -71,13 +71,16 @@ TEST(PlanClosedForm, BubbleFraction) {
     EXPECT_DOUBLE_EQ(bubble_fraction(8, 64, 1), 7.0 / 64);
     EXPECT_DOUBLE_EQ(bubble_fraction(16, 192, 2), 15.0 / 384);
     EXPECT_DOUBLE_EQ(bubble_fraction(1, 10, 1), 0.0);
-    // The step time carries it: bubble = fraction x (m x per-micro-batch time).
+    // The step time carries it: bubble = fraction x (m x the average stage's
+    // time per micro-batch), the closed form when the stages are equal (a
+    // vocabulary of 256: the head and embedding are a few percent).
     auto in = input({"model.preset=gpt2-350m", "cluster.device=A100-80GB", "cluster.gpus=8",
-                     "parallel.pp=4", "train.batch_size=1", "plan.global_batch=32"});
+                     "parallel.pp=4", "train.batch_size=1", "plan.global_batch=32",
+                     "model.vocab_size=256"});
     const StepTime st = step_time(in.w, in.l, in.c);
-    EXPECT_DOUBLE_EQ(st.bubble_fraction, 3.0 / 16);
+    EXPECT_NEAR(st.bubble_fraction, 3.0 / 16, 0.02 * 3.0 / 16);
     const double work = st.compute + st.recompute + st.tp_comm + st.pp_comm;
-    EXPECT_NEAR(st.bubble, 3.0 / 16 * work, 1e-12 * work);
+    EXPECT_NEAR(st.bubble, st.bubble_fraction * work, 1e-12 * work);
 }
 
 TEST(PlanClosedForm, RingAllReduce) {
@@ -155,7 +158,7 @@ TEST(PlanClosedForm, BlockActivationsMatchKorthikanti) {
     auto sets = std::vector<std::string>{"model.preset=gpt3-175b", "train.seq_len=2048",
                                          "parallel.tp=8",          "cluster.gpus=8",
                                          "train.batch_size=1",     "plan.attention=materialized",
-                                         "train.precision=bf16"};
+                                         "train.precision=bf16",   "cluster.device=A100-80GB"};
     for (bool sp : {false, true}) {
         auto s2 = sets;
         s2.push_back(std::string("parallel.sequence_parallel=") + (sp ? "true" : "false"));

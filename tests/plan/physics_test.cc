@@ -123,7 +123,8 @@ TEST(PlanPhysics, FsdpWithPipelineKeepsTheStageGathered) {
                                            "parallel.recompute=full"};
     const auto in = input(base);
     const Memory m = memory_per_device(in.w, in.l, in.c);
-    const double stage = stage_params_per_device(in.w.model, in.l);
+    const double stage =
+        stage_params_per_device(in.w.model, in.l, stage_split(in.w, in.l, in.c.impl));
     EXPECT_GT(m.buffers, 6.0 * stage);
     auto pp1 = input(base + std::vector<std::string>{"parallel.pp=1", "plan.global_batch=64"});
     // Without a pipeline only two blocks are gathered at a time.
@@ -152,6 +153,34 @@ TEST(PlanPhysics, AllocatorReserveFollowsActivations) {
 
 // Megatron-LM's 2019 code all-reduced gradients after backward and ran
 // unfused kernels; its profile carries both.
+// apiary's trainer (src/model/stage.cc) keeps, per GPT block in fp32 and
+// one micro-batch, the two norm outputs, the residuals after attention and
+// after the MLP, QKV, the attention output and log-sum-exp, the MLP input
+// and activation: 4 sb (4C + 12C/t) + 4 a sb/t bytes, no dropout masks. Its
+// head computes loss and gradient through blocks of 512 rows in a scratch
+// buffer, so no logits are kept across the step.
+TEST(PlanPhysics, ApiaryKeepsWhatItsTrainerKeeps) {
+    const std::vector<std::string> gpt = {"model.preset=gpt2-124m", "cluster.gpus=4",
+                                          "parallel.tp=4",          "train.batch_size=8",
+                                          "train.seq_len=128",      "train.precision=fp32"};
+    const auto in = input(gpt);
+    ASSERT_EQ(in.c.impl, Impl::apiary);
+    const double sb = 8 * 128, C = 768, t = 4;
+    EXPECT_NEAR(block_activation_bytes(in.w, in.l, false, Recompute::none),
+                4 * sb * (4 * C + 12 * C / t) + 4 * 12 * sb / t, 1.0);
+    // A larger vocabulary adds one block of rows' logits to the buffers,
+    // nothing to the activations (256 rows when the vocabulary is split).
+    const auto big = input(gpt + std::vector<std::string>{"model.vocab_size=100000"});
+    const Memory m = memory_per_device(in.w, in.l, in.c);
+    const Memory mb = memory_per_device(big.w, big.l, big.c);
+    EXPECT_NEAR(mb.activations, m.activations, 1e-9 * m.activations);
+    EXPECT_NEAR(mb.buffers - m.buffers, 4.0 * 256 * (100000 - 50257) / t, 1.0);
+    // Megatron's GPT stores dropout masks and the fp32 logits.
+    const auto meg = input(gpt + std::vector<std::string>{"cluster.implementation=megatron"});
+    EXPECT_GT(memory_per_device(meg.w, meg.l, meg.c).activations,
+              m.activations + 4 * sb * 50257 / t);
+}
+
 TEST(PlanPhysics, Megatron2019Profile) {
     const auto in = input({"cluster.device=V100-32GB", "cluster.implementation=megatron-2019"});
     EXPECT_EQ(in.c.dp_overlap, 0);

@@ -311,6 +311,7 @@ TEST(PlanPublished, MtNlgKnownOptimism) {
 // heads, vocabulary 250,880 (padded), sequence 2,048, global batch 2,048:
 // "about 150 TFLOPs" per GPU, and 1,082,990 GPU-hours for 366B tokens.
 // Assumed (not in the sources): micro-batch 2, full activation checkpointing.
+// It ran Megatron-DeepSpeed's pipeline engine: the `deepspeed` profile.
 // Not checked: the notes' "60 GB of memory on each GPU", which is what the
 // caching allocator held; the planner counts what is needed (~36 GiB).
 TEST(PlanPublished, Bloom176B) {
@@ -321,7 +322,7 @@ TEST(PlanPublished, Bloom176B) {
                     "cluster.inter_link=opa-100-half", "cluster.topology=fat-tree", "parallel.tp=4",
                     "parallel.pp=12", "parallel.zero_stage=1", "plan.global_batch=2048",
                     "train.batch_size=2", "train.precision=bf16", "parallel.recompute=full",
-                    "plan.tokens=366e9"});
+                    "plan.tokens=366e9", "cluster.implementation=deepspeed"});
     ASSERT_TRUE(p.fits) << p.why;
     EXPECT_NEAR(hw_tflops(p) / 150.0, 1.0, 0.15) << hw_tflops(p);
     EXPECT_NEAR(p.tot.gpu_hours / 1082990.0, 1.0, 0.15) << p.tot.gpu_hours;
@@ -340,8 +341,8 @@ TEST(PlanPublished, BloomEnergyAndCarbon) {
                     "cluster.inter_link=opa-100-half", "cluster.topology=fat-tree", "parallel.tp=4",
                     "parallel.pp=12", "parallel.zero_stage=1", "plan.global_batch=2048",
                     "train.batch_size=2", "train.precision=bf16", "parallel.recompute=full",
-                    "plan.tokens=366e9", "cluster.idle_frac=1", "cluster.pue=1",
-                    "cluster.host_w_per_node=0", "cluster.network_w_per_device=0",
+                    "plan.tokens=366e9", "cluster.implementation=deepspeed", "cluster.idle_frac=1",
+                    "cluster.pue=1", "cluster.host_w_per_node=0", "cluster.network_w_per_device=0",
                     "cluster.gco2_per_kwh=57"});
     EXPECT_NEAR(p.tot.energy_kwh / 433196.0, 1.0, 0.15) << p.tot.energy_kwh;
     EXPECT_NEAR(p.tot.co2e_t / 24.69, 1.0, 0.15) << p.tot.co2e_t;

@@ -75,17 +75,17 @@ TEST(PlanValidation, ErrorsStayWhereRecorded) {
     EXPECT_LE(tput.at("fit").median, 0.08);
     EXPECT_LE(iter.at("fit").median, 0.08);
     EXPECT_LE(mem.at("fit").median, 0.10);
-    // Held out (BENCHMARKS.md): iteration time and memory meet the targets
-    // (median 8% / 10%, p90 20% / 10%); throughput meets the median and
-    // misses the p90 by under a point on the runs docs/planner.md lists
-    // (fine-grained experts on H100, expert parallelism across nodes, early
-    // fp8 in llm-foundry, exposed all-gather context parallelism at 131k).
+    // Held out (BENCHMARKS.md): every metric meets the targets (median 8% /
+    // 10% / 8%, p90 20% / 10% / 20%); throughput's p90 (17.6%) is set by the
+    // misses docs/planner.md lists (fine-grained experts on H100, expert
+    // parallelism across nodes, early fp8 in llm-foundry, DeepSeek's
+    // pipelines, exposed all-gather context parallelism at 131k).
     EXPECT_LE(iter.at("holdout").median, 0.08);
     EXPECT_LE(iter.at("holdout").p90, 0.20);
     EXPECT_LE(mem.at("holdout").median, 0.10);
     EXPECT_LE(mem.at("holdout").p90, 0.10);
     EXPECT_LE(tput.at("holdout").median, 0.08);
-    EXPECT_LE(tput.at("holdout").p90, 0.21);
+    EXPECT_LE(tput.at("holdout").p90, 0.20);
 }
 
 TEST(PlanValidation, MalformedRunsAreErrorsNamingTheField) {

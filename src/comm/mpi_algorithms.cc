@@ -1,5 +1,6 @@
 // The algorithms the MPI backend runs on the thread executing a call: the
-// flat, ring and hierarchical all-reduce and the ring reduce-scatter.
+// flat, ring and hierarchical all-reduce, the ring reduce-scatter in pieces,
+// and the scratch each needs.
 
 #include <fmt/format.h>
 
@@ -122,10 +123,6 @@ void all_reduce_f32(Engine& e, float* data, int64_t n, const CallContext& ctx) {
                              e.local),
               "MPI_Allgatherv (node-local)", ctx);
 }
-
-}  // namespace apiary::comm::detail
-
-namespace apiary::comm::detail {
 
 namespace {
 constexpr int64_t kPieceAlign = 16;  // floats: pieces start on 64-byte boundaries

@@ -426,8 +426,10 @@ ShardedStore::Slot* ShardedStore::grad_slot_for(int u) {
     const int post = int(units_.size()) - 1;
     if (u == 0) return &gslots_[0];
     if (u == post) return &gslots_[1];
+    // The lent one: with a single block both buffers take turns holding it,
+    // and the other still names it from the step before.
     for (int i = 2; i < 4; ++i) {
-        if (gslots_[size_t(i)].unit == u) return &gslots_[size_t(i)];
+        if (gslots_[size_t(i)].unit == u && gslots_[size_t(i)].lent) return &gslots_[size_t(i)];
     }
     return nullptr;
 }

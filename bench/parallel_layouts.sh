@@ -7,10 +7,13 @@
 # replayed bubble measures. Its memory is what the trainer's allocator counts
 # (the total less the runtime's own, which the allocator does not see).
 # usage: bench/parallel_layouts.sh [preset] [global_batch] [seq] [precision]
-# LAYOUTS=REGEX runs only the layouts whose name matches (e.g. LAYOUTS=pp).
+# LAYOUTS=REGEX runs only the layouts whose name matches (e.g. LAYOUTS=pp,
+# LAYOUTS='^dp4 zero[13]$'); APIARY=path runs another binary than
+# ./build/apiary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 preset=${1:-gpt2-124m} batch=${2:-8} seq=${3:-128} precision=${4:-fp32}
+apiary=${APIARY:-./build/apiary}
 mpirun=(mpirun --allow-run-as-root --oversubscribe --bind-to none -n 4)
 common=(--preset "$preset" --global-batch "$batch" --seq "$seq" --threads 1 --steps 3 --warmup 1
         --precision "$precision" --json)
@@ -35,13 +38,13 @@ for l in "${layouts[@]}"; do
     IFS='|' read -r name flags keys <<<"$l"
     [[ -n "${LAYOUTS:-}" && ! "$name" =~ $LAYOUTS ]] && continue
     # shellcheck disable=SC2086
-    run=$("${mpirun[@]}" ./build/apiary bench parallel "${common[@]}" $flags)
+    run=$("${mpirun[@]}" "$apiary" bench parallel "${common[@]}" $flags)
     echo "$run"
     sets=()
     for k in $keys; do sets+=(--set "$k"); done
     dp=$(python3 -c 'import sys; print(next((k.split("=")[1] for k in sys.argv[1:] if k.startswith("parallel.dp=")), 1))' $keys)
     mb=$(python3 -c 'import sys; print(next((k.split("=")[1] for k in sys.argv[1:] if k.startswith("parallel.microbatches=")), 1))' $keys)
-    plan=$(./build/apiary plan --json --model "$preset" --gpus 4xepyc-zen5-2c \
+    plan=$("$apiary" plan --json --model "$preset" --gpus 4xepyc-zen5-2c \
         --set train.batch_size=$((batch / dp / mb)) --set train.grad_accum="$mb" \
         --set train.seq_len="$seq" --set train.precision="$precision" "${sets[@]}")
     rows+=("$(python3 - "$name" "$run" "$plan" <<'PY'

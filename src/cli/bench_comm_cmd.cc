@@ -198,7 +198,9 @@ void run(const Options& o) {
     std::vector<Op> ops;
     for (const auto& s : o.ops) ops.push_back(parse_op(s));
     Buffers buf(max_b);
-    world->reserve_scratch(max_b);
+    const int64_t max_count = int64_t(max_b / 4);  // f32 elements of the largest call
+    world->reserve_scratch(comm::CollOp::all_reduce, max_count, core::DType::f32);
+    world->reserve_scratch(comm::CollOp::reduce_scatter, max_count / n, core::DType::f32);
 
     const double mcpy = memcpy_gbps(buf, max_b);
     if (rank == 0) {

@@ -1,5 +1,6 @@
 #include "comm/buffer.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/allocator.h"
@@ -14,9 +15,11 @@ void* ScratchBuffer::ensure(size_t bytes) {
     if (bytes <= bytes_) return data_;
     if (data_) core::mem_release(data_, bytes_, core::MemCategory::buffers);
     data_ = nullptr;
-    // Round up so that a slowly growing caller does not reallocate every call.
-    size_t cap = bytes_ == 0 ? 4096 : bytes_;
-    while (cap < bytes) cap *= 2;
+    // The first allocation is what was asked (a reservation is exact); later
+    // ones at least double, so that a slowly growing caller does not
+    // reallocate every call.
+    size_t cap = bytes_ == 0 ? bytes : std::max(bytes, 2 * bytes_);
+    cap = (cap + 4095) / 4096 * 4096;
     data_ = core::mem_allocate(cap, core::MemCategory::buffers);
     bytes_ = cap;
     return data_;

@@ -1,5 +1,6 @@
 // The algorithms the MPI backend runs on the thread executing a call: the
-// flat, ring and hierarchical all-reduce and the ring reduce-scatter.
+// flat, ring and hierarchical all-reduce, the ring reduce-scatter in pieces,
+// and the scratch each needs.
 
 #include <fmt/format.h>
 
@@ -121,6 +122,99 @@ void all_reduce_f32(Engine& e, float* data, int64_t n, const CallContext& ctx) {
     mpi_check(MPI_Allgatherv(shard, mine, MPI_FLOAT, data, counts.data(), displs.data(), MPI_FLOAT,
                              e.local),
               "MPI_Allgatherv (node-local)", ctx);
+}
+
+namespace {
+constexpr int64_t kPieceAlign = 16;  // floats: pieces start on 64-byte boundaries
+
+bool ring_reduce_scatter_for(int64_t n, int size) {
+    return n * size * 4 >= kRingReduceScatterBytes;
+}
+}  // namespace
+
+int64_t piece_len(int64_t n, int size) {
+    const int64_t per_block = kCollectivePieceBytes / 4 / size / kPieceAlign * kPieceAlign;
+    return std::min(n, std::max(kPieceAlign, per_block));
+}
+
+// The ring in pieces: piece [a, a + len) of every block is one ring
+// reduce-scatter whose chunk i is that range of block i, so every element is
+// summed in the order the ring over whole blocks would sum it (the order
+// depends on the chunk's index only), scaled and rounded alike: the result
+// is the same bit for bit, and the scratch is that of one piece.
+void reduce_scatter(Engine& e, const void* send, void* recv, int64_t n, DType dt, ReduceOp op,
+                    const CallContext& ctx) {
+    const int size = e.size;
+    const bool bf16 = dt == DType::bf16;
+    if (!ring_reduce_scatter_for(n, size)) {
+        const float* in = static_cast<const float*>(send);
+        float* out = static_cast<float*>(recv);
+        if (bf16) {
+            // Sum in f32: widen everything, reduce, round our block once at the end.
+            float* wide = e.scratch.ensure_as<float>(size_t(n) * size_t(size));
+            bf16_to_f32(static_cast<const uint16_t*>(send), wide, n * size);
+            in = wide;
+            out = wide + n * e.rank;
+        }
+        float* whole = const_cast<float*>(in);
+        const bool in_place = out == in + n * e.rank;
+        // In place, MPI leaves the result at the front of the buffer.
+        mpi_check(MPI_Reduce_scatter_block(in_place ? MPI_IN_PLACE : in, in_place ? whole : out,
+                                           int(n), MPI_FLOAT, MPI_SUM, e.comm),
+                  "MPI_Reduce_scatter_block", ctx);
+        if (in_place && out != whole) std::memmove(out, whole, size_t(n) * sizeof(float));
+        if (op == ReduceOp::avg) scale_f32(out, n, 1.0f / float(size));
+        if (bf16) f32_to_bf16(out, static_cast<uint16_t*>(recv), n);
+        return;
+    }
+    const int64_t piece = piece_len(n, size);
+    Chunks c;
+    c.off.resize(size_t(size));
+    c.len.resize(size_t(size));
+    for (int64_t a = 0; a < n; a += piece) {
+        const int64_t len = std::min(piece, n - a);
+        const float* in = static_cast<const float*>(send);
+        float* out = static_cast<float*>(recv) + a;
+        for (int i = 0; i < size; ++i) {
+            c.off[size_t(i)] = bf16 ? i * len : i * n + a;
+            c.len[size_t(i)] = len;
+        }
+        if (bf16) {
+            float* wide = e.scratch.ensure_as<float>(size_t(piece) * size_t(size));
+            const auto* half = static_cast<const uint16_t*>(send);
+            for (int i = 0; i < size; ++i) bf16_to_f32(half + i * n + a, wide + i * len, len);
+            in = wide;
+            out = wide + e.rank * len;
+        }
+        ring_reduce_scatter(e, in, out, c, ctx);
+        if (op == ReduceOp::avg) scale_f32(out, len, 1.0f / float(size));
+        if (bf16) f32_to_bf16(out, static_cast<uint16_t*>(recv) + a, len);
+    }
+}
+
+ScratchNeed scratch_need(const Engine& e, CollOp op, int64_t count, DType dt) {
+    ScratchNeed need;
+    const bool bf16 = dt == DType::bf16;
+    if (op == CollOp::reduce_scatter) {
+        if (!ring_reduce_scatter_for(count, e.size)) {
+            if (bf16) need.scratch = size_t(count) * size_t(e.size) * 4;
+            return need;
+        }
+        const int64_t piece = piece_len(count, e.size);
+        need.ring = e.size > 1 ? size_t(2 * piece) * 4 : 0;
+        if (bf16) need.scratch = size_t(piece) * size_t(e.size) * 4;
+        return need;
+    }
+    if (op != CollOp::all_reduce) return need;
+    if (bf16) need.scratch = size_t(count) * 4;
+    if (e.hierarchical.load()) {
+        int lsize = 1;
+        MPI_Comm_size(e.local, &lsize);
+        need.shard = size_t(std::max<int64_t>(count / lsize + 1, 1)) * 4;
+    } else if (count * 4 >= kRingAllReduceBytes && e.size > 1) {
+        need.ring = size_t(2 * (count / e.size + 1)) * 4;
+    }
+    return need;
 }
 
 }  // namespace apiary::comm::detail

@@ -17,9 +17,7 @@ namespace apiary::comm {
 
 using detail::as_int;
 using detail::CallContext;
-using detail::Chunks;
 using detail::Engine;
-using detail::kRingReduceScatterBytes;
 using detail::mpi_check;
 using detail::MpiWork;
 
@@ -114,38 +112,7 @@ class MpiGroup : public ProcessGroup {
         as_int(recv_count * size(), *e_, "reduce_scatter");
         return submit({CollOp::reduce_scatter, dt, recv_count, tag},
                       [e = e_.get(), send, recv, n, dt, op](const CallContext& ctx) {
-                          const size_t total = size_t(n) * size_t(e->size);
-                          const float* in = static_cast<const float*>(send);
-                          float* out = static_cast<float*>(recv);
-                          if (dt == DType::bf16) {
-                              // Sum in f32: widen everything, reduce, round our block once at the
-                              // end.
-                              float* wide = e->scratch.ensure_as<float>(total);
-                              bf16_to_f32(static_cast<const uint16_t*>(send), wide, int64_t(total));
-                              in = wide;
-                              out = wide + size_t(n) * size_t(e->rank);
-                          }
-                          if (int64_t(total) * 4 >= kRingReduceScatterBytes) {
-                              Chunks c;
-                              for (int i = 0; i < e->size; ++i) {
-                                  c.off.push_back(int64_t(i) * n);
-                                  c.len.push_back(n);
-                              }
-                              ring_reduce_scatter(*e, in, out, c, ctx);
-                          } else if (out == in + size_t(n) * size_t(e->rank)) {
-                              // In place: MPI leaves the result at the front of the buffer.
-                              float* whole = const_cast<float*>(in);
-                              mpi_check(MPI_Reduce_scatter_block(MPI_IN_PLACE, whole, n, MPI_FLOAT,
-                                                                 MPI_SUM, e->comm),
-                                        "MPI_Reduce_scatter_block", ctx);
-                              if (out != whole) std::memmove(out, whole, size_t(n) * sizeof(float));
-                          } else {
-                              mpi_check(
-                                  MPI_Reduce_scatter_block(in, out, n, MPI_FLOAT, MPI_SUM, e->comm),
-                                  "MPI_Reduce_scatter_block", ctx);
-                          }
-                          if (op == ReduceOp::avg) scale_f32(out, n, 1.0f / float(e->size));
-                          if (dt == DType::bf16) f32_to_bf16(out, static_cast<uint16_t*>(recv), n);
+                          detail::reduce_scatter(*e, send, recv, n, dt, op, ctx);
                       });
     }
 
@@ -227,11 +194,13 @@ class MpiGroup : public ProcessGroup {
         return group;
     }
 
-    void reserve_scratch(size_t bytes) override {
+    void reserve_scratch(CollOp op, int64_t count, DType dt) override {
+        const detail::ScratchNeed need = detail::scratch_need(*e_, op, count, dt);
         // The scratch belongs to whoever executes: no call may run meanwhile.
-        e_->run_exclusive([e = e_.get(), bytes] {
-            e->scratch.ensure(bytes * 2);  // bf16 widened to f32
-            e->shard.ensure(bytes);
+        e_->run_exclusive([e = e_.get(), need] {
+            e->scratch.ensure(need.scratch);
+            e->ring.ensure(need.ring);
+            e->shard.ensure(need.shard);
         });
     }
 

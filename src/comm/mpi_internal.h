@@ -251,6 +251,19 @@ void ring_reduce_scatter(Engine& e, const float* send, float* out, const Chunks&
 void ring_all_gather(Engine& e, float* data, const Chunks& c, const CallContext& ctx);
 // In-place f32 sum: MPI_Allreduce, the ring, or hierarchical (per e.hierarchical).
 void all_reduce_f32(Engine& e, float* data, int64_t n, const CallContext& ctx);
+// Reduce-scatter (sum or avg) of f32 or bf16 blocks of n elements:
+// MPI_Reduce_scatter_block for small calls, else the ring in pieces of
+// piece_len(n, e.size) elements of every block (kCollectivePieceBytes).
+void reduce_scatter(Engine& e, const void* send, void* recv, int64_t n, DType dt, ReduceOp op,
+                    const CallContext& ctx);
+int64_t piece_len(int64_t n, int size);
+
+// Bytes of each scratch buffer that one call needs (what reserve_scratch
+// allocates ahead; the calls ensure the same sizes).
+struct ScratchNeed {
+    size_t scratch = 0, ring = 0, shard = 0;
+};
+ScratchNeed scratch_need(const Engine& e, CollOp op, int64_t count, DType dt);
 
 Watchdog* watchdog();
 void set_watchdog(Watchdog* w);

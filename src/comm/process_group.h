@@ -15,6 +15,8 @@
 //    so the result does not depend on the reduction tree more than f32 does.
 //  * Scratch space is allocated on first use, kept and reused (grow-only):
 //    page faults on the VMs we run on cost more than the copy itself.
+//    Large reduce-scatters run in pieces (kCollectivePieceBytes), so their
+//    scratch is bounded by the piece, not by the message.
 
 #include <cstdint>
 #include <memory>
@@ -24,6 +26,14 @@
 #include "comm/types.h"
 
 namespace apiary::comm {
+
+// A large reduce-scatter runs as pieces of at most this many bytes of f32
+// (every rank's block together): elements [a, b) of each block, then the
+// next range. Each element is summed in the same order as in one call over
+// the whole blocks, so the result does not change; the scratch it needs
+// (bf16 input widened to f32, the ring's two chunks in flight) is bounded
+// by the piece whatever the message size.
+constexpr int64_t kCollectivePieceBytes = int64_t(16) << 20;
 
 class Work {
   public:
@@ -92,9 +102,11 @@ class ProcessGroup {
     // no group and gets nullptr.
     virtual std::shared_ptr<ProcessGroup> split(int color, int key, const std::string& name) = 0;
 
-    // Ensures the scratch space for calls up to `bytes` exists now, outside
-    // the step loop.
-    virtual void reserve_scratch(size_t bytes) = 0;
+    // Ensures now, outside the step loop, the scratch space that a call of
+    // `op` over `count` elements of `dtype` needs (count as that call takes
+    // it: the buffer of all_reduce, recv_count of reduce_scatter). Calls
+    // that need less use the same space.
+    virtual void reserve_scratch(CollOp op, int64_t count, DType dtype) = 0;
 
   protected:
     // Argument checks shared by the backends; each throws CommError.

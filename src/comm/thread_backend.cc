@@ -253,7 +253,16 @@ class ThreadGroup : public ProcessGroup {
         return std::make_shared<ThreadGroup>(child, child_rank);
     }
 
-    void reserve_scratch(size_t bytes) override { scratch_.ensure(bytes); }
+    void reserve_scratch(CollOp op, int64_t count, DType dt) override {
+        // Reductions accumulate in f32 (or their own wider type); the
+        // gathers stage every rank's block.
+        const size_t esz = core::dtype_size(dt);
+        size_t bytes = size_t(count) * std::max<size_t>(esz, 4);
+        if (op == CollOp::all_gather || op == CollOp::all_to_all) {
+            bytes = size_t(count) * esz * size_t(size());
+        }
+        scratch_.ensure(bytes);
+    }
 
   private:
     // Elementwise max or sum of every rank's buffer in its own type (the

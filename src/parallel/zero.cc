@@ -216,7 +216,10 @@ ReduceScatterSync::ReduceScatterSync(comm::ProcessGroup& dp, model::Transformer&
     works_.resize(units_.size());
     int64_t largest = 0;
     for (const auto& u : units_) largest = std::max(largest, u.size());
-    dp_.reserve_scratch(size_t(largest) * sizeof(float));
+    // The reduce-scatter of the largest unit needs the most scratch (the
+    // comm layer bounds it by its piece size, not by the unit).
+    dp_.reserve_scratch(comm::CollOp::reduce_scatter, largest / dp.size(),
+                        bf16_wire_ ? DType::bf16 : DType::f32);
     if (bf16_wire_) {
         staging_ = core::Tensor({model.flat_size()}, DType::bf16, MemCategory::buffers);
         recv16_ = core::Tensor({std::max<int64_t>(shards.packed_size(), 16)}, DType::bf16,
@@ -295,7 +298,8 @@ ShardedStore::ShardedStore(comm::ProcessGroup& dp, model::Transformer& model, Dp
     }
     if (zero_stage_ == 3) master_ = core::Tensor({packed}, DType::f32, MemCategory::params);
     grad_shard_ = core::Tensor({packed}, DType::f32, MemCategory::grads);
-    dp_.reserve_scratch(size_t(largest) * sizeof(float));
+    dp_.reserve_scratch(comm::CollOp::reduce_scatter, largest / n,
+                        bf16_wire_ ? DType::bf16 : DType::f32);
     // Lent buffers: the embedding and final units get their own (they live
     // through the whole step), the blocks share two.
     const bool bf16_model = model.precision() == model::Precision::bf16;
@@ -422,8 +426,10 @@ ShardedStore::Slot* ShardedStore::grad_slot_for(int u) {
     const int post = int(units_.size()) - 1;
     if (u == 0) return &gslots_[0];
     if (u == post) return &gslots_[1];
+    // The lent one: with a single block both buffers take turns holding it,
+    // and the other still names it from the step before.
     for (int i = 2; i < 4; ++i) {
-        if (gslots_[size_t(i)].unit == u) return &gslots_[size_t(i)];
+        if (gslots_[size_t(i)].unit == u && gslots_[size_t(i)].lent) return &gslots_[size_t(i)];
     }
     return nullptr;
 }

@@ -179,6 +179,35 @@ std::pair<double, double> stage_block_activations(const Workload& w, const Layou
     return {(blocks - moe) * dense + moe * routed, peak};
 }
 
+// What apiary's ZeRO-3 holds beside the shards (parallel/zero.h,
+// ShardedStore): lent buffers for the stage's embedding unit, its final unit
+// and two blocks (W parameters), once for the parameters (fp32, and a bf16
+// model's 16-bit copy) and once for the gradients (fp32, and this rank's
+// piece of each as the reduce-scatter's output); the embedding and final
+// units stay lent through the step. Plus the MPI engine's scratch for a
+// ring reduce-scatter, which runs in pieces of at most 16 MiB over all
+// ranks (comm::kCollectivePieceBytes): two chunks of one piece in flight.
+double apiary_zero3_buffers(const Workload& w, const Layout& l, int stage) {
+    const auto& m = w.model;
+    const bool first = stage == 0, last = stage == l.pp - 1;
+    const double embed = first ? embed_params(m) / l.tp : 0.0;
+    double final = 0;
+    if (last) {
+        final = head_params(m);
+        if (m.tie_embeddings && !first) final += double(m.vocab_size) * m.n_embd;
+        final /= l.tp;
+    }
+    const double block = layer_params(m) / l.tp;
+    const double lent = embed + final + 2 * block;
+    const double d = double(l.dp) * l.cp;
+    const double param_bytes = mixed(w.dtype) ? 4.0 + 2.0 : 4.0;
+    const double grad_bytes = 4.0 + 4.0 / d;
+    constexpr double kPieceBytes = 16.0 * 1048576.0;
+    const double largest_piece = std::max({embed, final, block}) / d;
+    const double ring = d > 1 ? 2 * 4 * std::min(largest_piece, kPieceBytes / 4 / d) : 0.0;
+    return lent * (param_bytes + grad_bytes) + ring;
+}
+
 // Scratch the trainer keeps per stage (Cluster::head_rows, grad_scratch):
 // the fp32 logits of one block of rows on the last stage, and one block's
 // activation gradients (residual, norm output, QKV, attention output, MLP
@@ -249,6 +278,8 @@ Memory stage_memory(const Workload& w, const Layout& l, const Cluster& c, const 
         // their gradients accumulate unsharded until the last micro-batch,
         // in the fp32 reduce dtype (FSDP2's unsharded_accumulated_grad).
         buf += p.total() * (sb.weight + 4.0);
+    } else if (l.zero >= 3 && c.impl == Impl::apiary) {
+        buf += apiary_zero3_buffers(w, l, stage);
     } else if (l.zero >= 3) {
         const double block = layer_params(m) / l.tp;
         buf += 2 * block * sb.weight;  // gathered + prefetched

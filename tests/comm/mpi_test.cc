@@ -13,6 +13,7 @@
 #include "comm/bucketed.h"
 #include "comm/buffer.h"
 #include "comm/mpi_backend.h"
+#include "core/allocator.h"
 #include "core/error.h"
 
 namespace apiary::comm {
@@ -40,6 +41,37 @@ TEST(Mpi, ReduceScatterAndAllGather) {
             check_all_gather(world(), dt, in_place, 4099);
             check_reduce_scatter(world(), dt, in_place, (int64_t(5) << 20) / 4 / 2 + 1);  // ring
         }
+    }
+}
+
+// A reduce-scatter far larger than a piece (ZeRO's 154 MB GPT-2 embedding
+// unit, say) runs in pieces: its result is exact, and the scratch its group
+// allocates, reserved ahead and then used, is bounded by the piece
+// (kCollectivePieceBytes: a bf16 piece widened to f32, and the ring's two
+// chunks of one piece), not by the message.
+TEST(Mpi, LargeReduceScatterScratchIsBoundedByThePiece) {
+    // A group of its own: a fresh engine, whose scratch nothing has grown yet.
+    auto g = world().split(0, world().rank(), "pieces");
+    ASSERT_TRUE(g);
+    const int n = g->size();
+    if (n == 1) GTEST_SKIP() << "one rank has no ring";
+    // Per rank; not a whole number of pieces, so the last one is short.
+    const int64_t count = 2 * kCollectivePieceBytes / 4 + 7;
+    const int64_t bound = kCollectivePieceBytes + 2 * kCollectivePieceBytes / n + 2 * 4096;
+    // The scratch sized by the message (two of its blocks for the ring, the
+    // whole message widened) would break the bound.
+    ASSERT_GT(2 * count * 4, bound);
+    const auto buffers = [] {
+        return core::mem_stats().current[size_t(core::MemCategory::buffers)];
+    };
+    const int64_t before = buffers();
+    for (DType dt : {DType::f32, DType::bf16}) {
+        g->reserve_scratch(CollOp::reduce_scatter, count, dt);
+        const int64_t reserved = buffers() - before;
+        for (bool in_place : {false, true}) check_reduce_scatter(*g, dt, in_place, count);
+        EXPECT_EQ(buffers() - before, reserved) << "the calls needed more than was reserved";
+        EXPECT_GT(reserved, 0);
+        EXPECT_LE(reserved, bound) << core::dtype_name(dt);
     }
 }
 

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "comm/process_group.h"
 #include "layout_util.h"
 
 using namespace apiary;
@@ -177,6 +178,35 @@ TEST_F(Ddp, ModelStateMemoryFollowsTheZeroFormulas) {
         // Stage 3 keeps 1/N of the model state plus two blocks' lent buffers.
         EXPECT_LT(double(previous) / double(stage0), 1.0 / n + 0.1) << n << " ranks";
     }
+}
+
+TEST_F(Ddp, ZeroThreeScratchDoesNotScaleWithTheEmbedding) {
+    // A vocabulary of 16,384 x 256 makes the embedding unit 4.2 M floats,
+    // far the largest; scratch sized by it (three times, as once) would
+    // exceed the one piece of comm::kCollectivePieceBytes allowed below.
+    // One block: its two lent gradient buffers take turns on the same unit.
+    const std::string shape =
+        "--set data.corpus=" + (dir_ / "corpus.txt").string() +
+        " --set data.tokenizer=byte --set model.vocab_size=16384 --set model.n_embd=256"
+        " --set model.n_head=4 --set model.n_layer=1 --set model.max_seq_len=64"
+        " --set train.seq_len=32 --set train.steps=2 --set train.threads=1"
+        " --set train.eval_batches=1 --set train.batch_size=1 --set parallel.zero_stage=3";
+    for (int n : {1, 2}) {
+        const auto r = runs().run(fmt::format("scratch{}", n), n, shape);
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+    }
+    const json one = memory("scratch1")["memory_peak_bytes_per_rank"];
+    const json two = memory("scratch2")["memory_peak_bytes_per_rank"];
+    // On two ranks the buffers add the reduce-scatters' output pieces of the
+    // lent gradient units (W / 2 floats; params = 4P/N + 4W and optimizer =
+    // 8P/N give 4W) and the ring's two chunks of one piece; nothing else.
+    const int64_t lent_bytes =
+        two["params"].get<int64_t>() - two["optimizer"].get<int64_t>() / 2;  // 4W
+    const int64_t allowed = lent_bytes / 2 + 2 * comm::kCollectivePieceBytes / 2 + (1 << 20);
+    EXPECT_LE(two["buffers"].get<int64_t>() - one["buffers"].get<int64_t>(), allowed)
+        << one.dump() << " / " << two.dump();
+    const int64_t embedding_bytes = int64_t(16384 + 64) * 256 * 4;
+    EXPECT_GT(3 * embedding_bytes, allowed);  // the old scratch would not fit
 }
 
 TEST_F(Ddp, Bf16TwoRanksMatchOneRankWithinBf16Tolerance) {

@@ -376,6 +376,9 @@ class Trainer {
 };
 
 void Trainer::load(const CheckpointRef& ck) {
+    // The counters before anything changes: a damaged checkpoint is
+    // refused with the trainer as it was.
+    check_counters(ck);
     // The data first: a changed tokenizer also changes the model's
     // vocabulary, and should be named as what changed.
     restore_data(ck);
@@ -392,15 +395,7 @@ void Trainer::load(const CheckpointRef& ck) {
     if (ck.meta.contains("skipped_batches")) {
         for (const auto& b : ck.meta["skipped_batches"]) skip_batches_.insert(b.get<int64_t>());
     }
-    auto& scaler = engine_.loss_scaler();
-    if (ck.meta.contains("loss_scaler")) scaler.restore(ck.meta["loss_scaler"]);
-    // Every step either updated the weights or was skipped for overflow.
-    if (engine_.optimizer().step_count() != ck.step - scaler.skipped_steps()) {
-        throw IoError(
-            fmt::format("{}: the optimizer has taken {} steps, but the checkpoint says "
-                        "step {} with {} skipped (checkpoint damaged)",
-                        ck.dir, engine_.optimizer().step_count(), ck.step, scaler.skipped_steps()));
-    }
+    if (ck.meta.contains("loss_scaler")) engine_.loss_scaler().restore(ck.meta["loss_scaler"]);
     start_step_ = ck.step;
     if (start_step_ >= steps_) {
         throw ConfigError(
@@ -551,20 +546,8 @@ void Trainer::restore_data(const CheckpointRef& ck) {
                         "keys now give {} ({}); resume with the run's data settings",
                         where, hash, data_.tokenizer_hash, data_.manifest));
     }
+    // Its step agrees with the checkpoint's (check_counters, in load).
     train_data_->restore(ck.meta["loader"]);
-    // Each skipped batch the loader has passed is one batch more than steps.
-    int64_t skipped = 0;
-    if (ck.meta.contains("skipped_batches") && ck.meta["skipped_batches"].is_array()) {
-        for (const auto& b : ck.meta["skipped_batches"]) {
-            if (b.is_number_integer() && b.get<int64_t>() <= train_data_->step()) ++skipped;
-        }
-    }
-    if (train_data_->step() != ck.step + skipped) {
-        throw IoError(
-            fmt::format("{}: the loader state is at batch {}, the checkpoint at step {} "
-                        "with {} batches skipped (checkpoint damaged)",
-                        where, train_data_->step(), ck.step, skipped));
-    }
 }
 
 void Trainer::print_banner(double unigram) {
@@ -814,10 +797,12 @@ TrainSummary Trainer::run(bool append_metrics) {
     save(step);
     if (saver_.poll(true)) note_save(metrics);
     if (!saver_.last().error.empty()) {
-        throw IoError(
-            fmt::format("the final checkpoint (step {}) failed: {}; the latest intact "
-                        "one is still in {}/ckpt",
-                        step, saver_.last().error, run_dir_));
+        const LatestName kept = read_latest(run_dir_);
+        throw IoError(fmt::format(
+            "the final checkpoint (step {}) failed: {}; {}", step, saver_.last().error,
+            kept.problem.empty() ? fmt::format("the latest intact one is still {}", kept.dir)
+            : kept.missing       ? std::string("the run has no checkpoint to resume from")
+                                 : kept.problem));
     }
     summary.checkpoint_dir = saver_.last().dir;
     const auto mem = core::mem_stats();
@@ -939,13 +924,23 @@ TrainSummary resume_training(const core::Config& c, comm::ProcessGroup* world, b
     const bool first = !world || world->rank() == 0;
     std::optional<RunDirLock> lock;
     if (first && fs::is_directory(run_dir)) lock.emplace(run_dir);
-    std::vector<std::string> skipped;
-    const CheckpointRef ck = latest_checkpoint(run_dir, previous_good, &skipped);
+    // The first rank chooses (verifying every checksum with previous_good)
+    // and the others take its choice.
+    CheckpointRef ck;
     if (first) {
-        for (const auto& why : skipped) {
-            fmt::print(stderr, "apiary: warning: skipping a damaged checkpoint: {}\n", why);
+        std::vector<std::string> skipped;
+        ck = latest_checkpoint(run_dir, previous_good, &skipped);
+        for (const auto& why : skipped) fmt::print(stderr, "apiary: warning: {}\n", why);
+        if (!skipped.empty()) {
+            fmt::print(stderr,
+                       "apiary: resuming from {} (step {}), the newest checkpoint that "
+                       "verifies\n",
+                       ck.dir, ck.step);
         }
-        if (!skipped.empty()) fmt::print(stderr, "apiary: resuming from {}\n", ck.dir);
+    }
+    if (world && world->size() > 1) {
+        const std::string chosen = comm::all_gather_strings(*world, ck.dir)[0];
+        if (!first) ck = open_checkpoint(chosen, false);
     }
     const TrainData data = shared_train_data(c, world);
     const core::Config adjusted = elastic_config(c, ck, world ? world->size() : 1);
@@ -956,18 +951,12 @@ TrainSummary resume_training(const core::Config& c, comm::ProcessGroup* world, b
         trainer.load(ck);
     } catch (const IoError& e) {
         // A chunk whose checksum fails on load: name the way out.
-        for (const auto& [s, older] : list_checkpoints(run_dir)) {
-            if (s >= ck.step) continue;
-            try {
-                open_checkpoint(older);
-            } catch (const IoError&) {
-                continue;
-            }
+        if (const auto good = newest_intact(run_dir, ck.step)) {
             throw IoError(
                 fmt::format("{}\nthe checkpoint is damaged; {} (step {}) is intact: "
                             "continue from it with `apiary train --resume {} "
                             "--resume-from-previous-good`",
-                            e.what(), older, s, run_dir));
+                            e.what(), good->dir, good->step, run_dir));
         }
         throw;
     }

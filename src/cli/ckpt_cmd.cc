@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "ckpt/safetensors.h"
@@ -24,9 +25,12 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// A run directory means its latest checkpoint.
+bool is_run_dir(const std::string& path) { return fs::is_directory(fs::path(path) / "ckpt"); }
+
+// A run directory means its latest checkpoint (refused, naming the newest
+// intact one, if `latest` or its checkpoint is damaged).
 train::CheckpointRef resolve(const std::string& path, bool full_check) {
-    if (fs::exists(fs::path(path) / "ckpt" / "latest")) {
+    if (is_run_dir(path)) {
         const auto ref = train::latest_checkpoint(path);
         return full_check ? train::open_checkpoint(ref.dir) : ref;
     }
@@ -59,24 +63,50 @@ void inspect(const std::string& path) {
     }
 }
 
-void verify(const std::string& path) {
-    const train::CheckpointRef ck = resolve(path, true);  // every file's digest
+void print_ok(const train::CheckpointRef& ck) {
     const ckpt::CheckpointReader reader(ck.dir);
-    reader.verify_chunks();
-    const std::string gap = reader.check_coverage();
-    if (!gap.empty()) throw IoError(fmt::format("{}: {}", ck.dir, gap));
-    for (const char* kind : {"adam_m", "adam_v"}) {
-        for (const auto& name : reader.tensors("param")) {
-            if (ck.version > 1 && !reader.has(kind, name)) {
-                throw IoError(
-                    fmt::format("{}: parameter '{}' has no {} state", ck.dir, name, kind));
-            }
-        }
-    }
     fmt::print(
         "{}: OK ({} files, {} chunks, every checksum matches, every tensor stored exactly "
-        "once)\n",
+        "once, the step, optimizer, loader and loss-scaler counters agree)\n",
         ck.dir, reader.files().size(), reader.num_chunks());
+}
+
+// A run directory: the checkpoint `latest` names; if `latest` or that
+// checkpoint is damaged, what is wrong and which one is intact (exit 1).
+void verify_run(const std::string& path) {
+    const train::LatestName latest = train::read_latest(path);
+    std::string damaged = latest.problem;
+    if (damaged.empty()) {
+        try {
+            print_ok(train::verify_checkpoint(latest.dir));
+            return;
+        } catch (const IoError& e) {
+            damaged = e.what();
+        }
+    }
+    const int64_t below =
+        latest.step >= 0 ? latest.step : std::numeric_limits<int64_t>::max();
+    std::vector<std::string> why;
+    const auto good = train::newest_intact(path, below, &why);
+    for (const auto& w : why) fmt::print("{}\n", w);
+    if (!good) {
+        throw IoError(fmt::format("{}\nno {}intact checkpoint in {}/ckpt", damaged,
+                                  latest.step >= 0 ? "earlier " : "", path));
+    }
+    print_ok(*good);
+    throw IoError(fmt::format(
+        "{}\n{}; {} (step {}) is intact, the newest that is: continue from it with `apiary "
+        "train --resume {} --resume-from-previous-good`",
+        damaged,
+        latest.problem.empty() ? "the latest checkpoint is damaged"
+                               : "the run's `latest` does not name a checkpoint",
+        good->dir, good->step, path));
+}
+
+void verify(const std::string& path) {
+    if (is_run_dir(path)) return verify_run(path);
+    if (!fs::is_directory(path)) throw IoError(fmt::format("{}: no such directory", path));
+    print_ok(train::verify_checkpoint(path));
 }
 
 void export_tensors(const std::string& path, const std::string& out) {

@@ -42,11 +42,12 @@ void setup(CLI::App& app) {
                     "continue the run in this directory from its latest checkpoint, with its "
                     "config.toml (plus any --set)");
     cmd->add_flag("--resume-from-previous-good", previous_good,
-                  "with --resume: if the latest checkpoint is damaged, continue from the newest "
-                  "intact earlier one");
+                  "with --resume: if the latest checkpoint (or `latest` itself) is damaged, "
+                  "continue from the newest one that verifies");
     cmd->add_flag("--auto-resume", auto_resume,
-                  "continue run.dir from its latest checkpoint if it has one, else start it "
-                  "(for job scripts that are requeued, and `apiary launch --max-restarts`)");
+                  "continue run.dir from its latest checkpoint if it has one (falling back to "
+                  "the newest one that verifies if it is damaged), else start it (for job "
+                  "scripts that are requeued, and `apiary launch --max-restarts`)");
     cmd->callback([] {
         // Under mpirun/srun every rank runs this; one MPI session per process.
         std::unique_ptr<comm::MpiSession> mpi;
@@ -66,22 +67,19 @@ void setup(CLI::App& app) {
                     "with --resume");
             }
             const std::string dir = load_config(config_file, sets).get_string("run.dir");
-            if (std::filesystem::exists(std::filesystem::path(dir) / "ckpt" / "latest")) {
+            // A run with a `latest` or a complete checkpoint continues, from
+            // the newest one that verifies if `latest` or its checkpoint is
+            // damaged (resume_training says which and why).
+            if (std::filesystem::exists(std::filesystem::path(dir) / "ckpt" / "latest") ||
+                !train::list_checkpoints(dir).empty()) {
                 resume_dir = dir;
                 config_file.clear();
                 std::erase_if(sets,
                               [](const std::string& s) { return s.rfind("run.dir=", 0) == 0; });
+                previous_good = true;
             } else {
                 // Killed before its first save: the run starts again (run_dir
-                // still refuses a directory that is not an apiary run). One
-                // with checkpoints but no `latest` is not guessed at.
-                if (const auto saved = train::list_checkpoints(dir); !saved.empty()) {
-                    throw IoError(fmt::format(
-                        "{}/ckpt: holds {} complete checkpoint(s) but no `latest`; check "
-                        "them with `apiary ckpt verify {}` and write the one to continue "
-                        "from into {}/ckpt/latest",
-                        dir, saved.size(), saved.back().second, dir));
-                }
+                // still refuses a directory that is not an apiary run).
                 overwrite = std::filesystem::exists(dir);
                 previous_good = false;
             }

@@ -170,6 +170,24 @@ core::ModelSpec spec_from_json(const json& j, const std::string& where) {
 
 namespace {
 
+// AdamW's step count as the checkpoint records it.
+int64_t optimizer_steps_of(const CheckpointRef& ck) {
+    if (ck.version == 1) {
+        // Version 1 kept it in optimizer.safetensors.
+        const std::string path = (fs::path(ck.dir) / "optimizer.safetensors").string();
+        const ckpt::SafetensorsFile f(path, true);
+        const auto it = f.metadata().find("step_count");
+        json j;
+        if (it != f.metadata().end() && !it->second.empty() && it->second.size() < 19 &&
+            it->second.find_first_not_of("0123456789") == std::string::npos) {
+            j["step_count"] = std::stoll(it->second);
+        }
+        return meta_int(j, "step_count", 0, std::numeric_limits<int64_t>::max(), path);
+    }
+    const std::string where = ck.dir + "/" + ckpt::kManifestFile;
+    return meta_int(ck.meta, "optimizer_steps", 0, std::numeric_limits<int64_t>::max(), where);
+}
+
 // This rank's chunks: its piece of every tensor of its shard; tensors every
 // tensor-parallel rank holds whole are saved by the first, a tied
 // embedding's second copy not at all. They point into the live buffers.
@@ -201,7 +219,7 @@ std::vector<ckpt::Chunk> rank_chunks(parallel::Engine& engine) {
 
 struct CheckpointSaver::Pending {
     int64_t step = 0;
-    json meta;
+    json meta;  // the manifest's description, as of the snapshot
     std::string dir;
     std::vector<ckpt::Chunk> chunks;
     std::thread writer;
@@ -235,7 +253,15 @@ void CheckpointSaver::save(int64_t step, const json& meta) {
     const fs::path root = fs::path(run_dir_) / "ckpt";
     auto p = std::make_unique<Pending>();
     p->step = step;
+    // Everything the manifest says is taken now, with the snapshot: an
+    // async save commits steps later, when the optimizer has moved on.
     p->meta = meta;
+    p->meta["format"] = kCheckpointFormat;
+    p->meta["version"] = kCheckpointVersion;
+    p->meta["step"] = step;
+    p->meta["model"] = spec_to_json(engine_.model().spec());
+    p->meta["layout"] = layout_json(engine_.layout());
+    p->meta["optimizer_steps"] = engine_.optimizer().step_count();
     p->started = t0;
     p->dir = (root / fmt::format("step_{:08d}", step)).string();
     if (engine_.main_rank()) {
@@ -328,18 +354,12 @@ void CheckpointSaver::commit() {
             // Nothing of this save is kept; `latest` still names the last good one.
             fs::remove_all(p->dir);
         } else {
-            const model::Transformer& m = engine_.model();
-            json full = p->meta;
-            full["format"] = kCheckpointFormat;
-            full["version"] = kCheckpointVersion;
-            full["step"] = p->step;
-            full["model"] = spec_to_json(m.spec());
-            full["layout"] = layout_json(engine_.layout());
-            full["optimizer_steps"] = engine_.optimizer().step_count();
+            bool committed = false;
             try {
-                ckpt::write_manifest(p->dir, parsed, full);
+                ckpt::write_manifest(p->dir, parsed, p->meta);
                 const std::string name = fs::path(p->dir).filename().string();
                 ckpt::atomic_write((root / "latest").string(), name.data(), name.size());
+                committed = true;
                 apply_retention(run_dir_, p->step, options_.keep);
                 if (options_.incremental) {
                     std::vector<std::string> kept;
@@ -347,15 +367,25 @@ void CheckpointSaver::commit() {
                     ckpt::remove_unreferenced_pieces((root / "blobs").string(), kept);
                 }
             } catch (const std::exception& e) {
-                st.error = e.what();
-                fs::remove_all(p->dir);
+                if (committed) {
+                    // `latest` names this save: only the clean-up of older ones failed.
+                    fmt::print(stderr,
+                               "apiary: warning: checkpoint of step {} saved, but removing "
+                               "older checkpoints failed: {}\n",
+                               p->step, e.what());
+                } else {
+                    st.error = e.what();
+                    fs::remove_all(p->dir);
+                }
             }
         }
         if (!st.error.empty()) {
-            fmt::print(stderr,
-                       "apiary: warning: the checkpoint of step {} failed ({}); the previous "
-                       "checkpoint stays the latest\n",
-                       p->step, st.error);
+            const LatestName prev = read_latest(run_dir_);
+            const std::string kept = prev.problem.empty() ? prev.dir + " stays the latest"
+                                     : prev.missing       ? "the run has no earlier checkpoint"
+                                                          : prev.problem;
+            fmt::print(stderr, "apiary: warning: the checkpoint of step {} failed ({}); {}\n",
+                       p->step, st.error, kept);
         }
     }
     // The first rank's verdict (a manifest write may fail there only).
@@ -434,23 +464,7 @@ void load_checkpoint(parallel::Engine& engine, const CheckpointRef& ck) {
         }
     }
     engine.params_loaded();
-    if (ck.version == 1) {
-        // Version 1 kept AdamW's step count in optimizer.safetensors.
-        const std::string path = (fs::path(ck.dir) / "optimizer.safetensors").string();
-        const ckpt::SafetensorsFile f(path, true);
-        const auto it = f.metadata().find("step_count");
-        json j;
-        if (it != f.metadata().end() && !it->second.empty() &&
-            it->second.find_first_not_of("0123456789") == std::string::npos) {
-            j["step_count"] = std::stoll(it->second);
-        }
-        engine.optimizer().set_step_count(
-            meta_int(j, "step_count", 0, std::numeric_limits<int64_t>::max(), path));
-        return;
-    }
-    const std::string where = ck.dir + "/" + ckpt::kManifestFile;
-    engine.optimizer().set_step_count(
-        meta_int(ck.meta, "optimizer_steps", 0, std::numeric_limits<int64_t>::max(), where));
+    engine.optimizer().set_step_count(optimizer_steps_of(ck));
 }
 
 void load_weights(const CheckpointRef& ck, model::Transformer& model) {
@@ -532,6 +546,7 @@ CheckpointRef open_checked(const std::string& dir, bool full) {
                                       path.string(), fs::file_size(path), where, bytes));
         }
     }
+    check_counters(ref);
     if (full || v1) {
         reader.verify_files();
         if (reader.incremental()) reader.verify_chunks();  // every piece by its hash
@@ -539,59 +554,174 @@ CheckpointRef open_checked(const std::string& dir, bool full) {
     return ref;
 }
 
+// `latest`'s text as the user should see it.
+std::string printable(const std::string& name) {
+    const bool plain = name.size() <= 80 && std::all_of(name.begin(), name.end(), [](char c) {
+                           return c >= 0x20 && c < 0x7f;
+                       });
+    return plain ? "'" + name + "'" : fmt::format("{} bytes of something else", name.size());
+}
+
 }  // namespace
 
-CheckpointRef open_checkpoint(const std::string& dir) { return open_checked(dir, true); }
+CheckpointRef open_checkpoint(const std::string& dir, bool digests) {
+    return open_checked(dir, digests);
+}
+
+void check_counters(const CheckpointRef& ck) {
+    const std::string where =
+        (fs::path(ck.dir) / (ck.version == 1 ? "meta.json" : ckpt::kManifestFile)).string();
+    const json& m = ck.meta;
+    constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+    int64_t skipped_steps = 0;
+    if (m.contains("loss_scaler")) {
+        skipped_steps =
+            meta_int(m["loss_scaler"], "skipped_steps", 0, ck.step, where + " (loss_scaler)");
+    }
+    // Every step either updated the weights or was skipped for overflow.
+    const int64_t optimizer_steps = optimizer_steps_of(ck);
+    if (optimizer_steps != ck.step - skipped_steps) {
+        throw IoError(
+            fmt::format("{}: the optimizer has taken {} steps, but the checkpoint says step {} "
+                        "with {} skipped (checkpoint damaged)",
+                        where, optimizer_steps, ck.step, skipped_steps));
+    }
+    if (!m.contains("loader")) return;  // from before the loader's state was saved
+    const int64_t loader_step = meta_int(m["loader"], "step", 0, kMax, where + " (loader)");
+    // Each skipped batch the loader has passed is one batch more than steps.
+    int64_t passed = 0;
+    if (m.contains("skipped_batches")) {
+        if (!m["skipped_batches"].is_array()) {
+            throw IoError(fmt::format("{}: 'skipped_batches' is not a list of batch numbers "
+                                      "(checkpoint damaged)",
+                                      where));
+        }
+        for (const auto& b : m["skipped_batches"]) {
+            if (!b.is_number_integer()) {
+                throw IoError(fmt::format(
+                    "{}: 'skipped_batches' holds {}, not a batch number (checkpoint damaged)",
+                    where, b.dump()));
+            }
+            if (b.get<int64_t>() <= loader_step) ++passed;
+        }
+    }
+    if (loader_step != ck.step + passed) {
+        throw IoError(
+            fmt::format("{}: the loader state is at batch {}, the checkpoint at step {} with {} "
+                        "batches skipped (checkpoint damaged)",
+                        where, loader_step, ck.step, passed));
+    }
+}
+
+CheckpointRef verify_checkpoint(const std::string& dir) {
+    CheckpointRef ck = open_checked(dir, true);  // every file's digest, the counters
+    const ckpt::CheckpointReader reader(dir);
+    if (!reader.incremental()) reader.verify_chunks();  // incremental: done above
+    const std::string gap = reader.check_coverage();
+    if (!gap.empty()) throw IoError(fmt::format("{}: {}", dir, gap));
+    if (ck.version > 1) {
+        for (const char* kind : {"adam_m", "adam_v"}) {
+            for (const auto& name : reader.tensors("param")) {
+                if (!reader.has(kind, name)) {
+                    throw IoError(
+                        fmt::format("{}: parameter '{}' has no {} state", dir, name, kind));
+                }
+            }
+        }
+    }
+    return ck;
+}
+
+LatestName read_latest(const std::string& run_dir) {
+    LatestName l;
+    const fs::path root = fs::path(run_dir) / "ckpt", path = root / "latest";
+    std::error_code ec;
+    if (!fs::exists(path, ec)) {
+        l.missing = true;
+        l.problem = fmt::format("{}: missing", path.string());
+        return l;
+    }
+    std::ifstream in(path, std::ios::binary);
+    if (!in || fs::is_directory(path, ec)) {
+        l.problem = fmt::format("{}: cannot be read as a file", path.string());
+        return l;
+    }
+    // The saver writes the name alone; a first line is accepted too.
+    char buf[256];
+    in.read(buf, sizeof buf);
+    std::string name(buf, size_t(in.gcount()));
+    name = name.substr(0, name.find('\n'));
+    l.step = step_of(name);
+    if (name.empty()) {
+        l.problem = fmt::format("{}: empty (it should name a folder step_N in {})", path.string(),
+                                root.string());
+    } else if (l.step < 0) {
+        l.problem = fmt::format("{}: names {}, not a checkpoint folder step_N in {}",
+                                path.string(), printable(name), root.string());
+    } else {
+        l.dir = (root / name).string();
+    }
+    return l;
+}
+
+std::optional<CheckpointRef> newest_intact(const std::string& run_dir, int64_t below,
+                                           std::vector<std::string>* why) {
+    for (const auto& [s, dir] : list_checkpoints(run_dir)) {
+        if (s >= below) continue;
+        try {
+            return verify_checkpoint(dir);
+        } catch (const IoError& e) {
+            if (why) why->push_back(e.what());
+        }
+    }
+    return std::nullopt;
+}
 
 CheckpointRef latest_checkpoint(const std::string& run_dir, bool previous_good,
                                 std::vector<std::string>* skipped) {
     if (!fs::is_directory(run_dir)) {
         throw IoError(fmt::format("{}: no such run directory", run_dir));
     }
-    const fs::path latest = fs::path(run_dir) / "ckpt" / "latest";
-    std::ifstream in(latest);
-    if (!in) {
-        throw IoError(fmt::format("{}: no checkpoint (missing {}); the run has not saved one yet",
-                                  run_dir, latest.string()));
-    }
-    std::string name;
-    std::getline(in, name);
-    if (step_of(name) < 0) {
-        throw IoError(fmt::format("{}: names '{}', not a checkpoint directory (step_N)",
-                                  latest.string(), name));
-    }
-    const std::string dir = (fs::path(run_dir) / "ckpt" / name).string();
-    try {
-        // Every checksum when asked to fall back; otherwise the cheap checks
-        // here and each chunk's checksum as it is read.
-        return open_checked(dir, previous_good);
-    } catch (const IoError& damaged) {
-        // The newest earlier checkpoint that is intact.
-        std::vector<std::string> why = {damaged.what()};
-        std::optional<CheckpointRef> good;
-        for (const auto& [s, older] : list_checkpoints(run_dir)) {
-            if (s >= step_of(name)) continue;
-            try {
-                good = open_checkpoint(older);
-                break;
-            } catch (const IoError& e) {
-                why.push_back(e.what());
-            }
+    const LatestName latest = read_latest(run_dir);
+    std::string damaged = latest.problem;
+    if (damaged.empty()) {
+        try {
+            // Every checksum when asked to fall back (a chunk found damaged
+            // while loading would be too late to); otherwise the cheap
+            // checks here and each chunk's checksum as it is read.
+            return previous_good ? verify_checkpoint(latest.dir) : open_checked(latest.dir, false);
+        } catch (const IoError& e) {
+            damaged = e.what();
         }
-        if (!good) {
-            throw IoError(fmt::format("{}\nno earlier intact checkpoint in {}", damaged.what(),
-                                      (fs::path(run_dir) / "ckpt").string()));
-        }
-        if (!previous_good) {
+    }
+    // With `latest` naming a step, only earlier ones: later ones belong to
+    // a timeline a resume abandoned. Without, the newest of all.
+    const int64_t below = latest.step >= 0 ? latest.step : std::numeric_limits<int64_t>::max();
+    std::vector<std::string> why = {damaged};
+    const std::optional<CheckpointRef> good = newest_intact(run_dir, below, &why);
+    const fs::path root = fs::path(run_dir) / "ckpt";
+    if (!good) {
+        if (latest.missing && list_checkpoints(run_dir).empty()) {
             throw IoError(
-                fmt::format("{}\nthe latest checkpoint is damaged; {} (step {}) is "
-                            "intact: continue from it with `apiary train --resume {} "
-                            "--resume-from-previous-good`",
-                            damaged.what(), good->dir, good->step, run_dir));
+                fmt::format("{}: no checkpoint (missing {}); the run has not saved one yet",
+                            run_dir, (root / "latest").string()));
         }
-        if (skipped) *skipped = why;
-        return *good;
+        std::string msg = fmt::format("{}\nno {}intact checkpoint in {}", damaged,
+                                      latest.step >= 0 ? "earlier " : "", root.string());
+        for (size_t i = 1; i < why.size(); ++i) msg += "\n  " + why[i];
+        throw IoError(msg);
     }
+    if (!previous_good) {
+        throw IoError(fmt::format(
+            "{}\n{}; {} (step {}) is intact, the newest that is: continue from it with "
+            "`apiary train --resume {} --resume-from-previous-good`",
+            damaged,
+            latest.problem.empty() ? "the latest checkpoint is damaged"
+                                   : "`latest` does not name a checkpoint",
+            good->dir, good->step, run_dir));
+    }
+    if (skipped) *skipped = why;
+    return *good;
 }
 
 }  // namespace apiary::train

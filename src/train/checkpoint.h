@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,8 @@ struct SaveStats {
 // rank's write is done. At most one save is in flight: a save() while one
 // is waits for it first. A failed write is reported in SaveStats::error
 // (and on stderr by the first rank); the previous checkpoint stays latest.
+// Every field of a save's manifest describes the step it snapshots, taken
+// in save(), however much later it commits.
 class CheckpointSaver {
   public:
     CheckpointSaver(parallel::Engine& engine, std::string run_dir, SaveOptions options);
@@ -104,14 +107,48 @@ void load_checkpoint(parallel::Engine& engine, const CheckpointRef& ckpt);
 void load_weights(const CheckpointRef& ckpt, model::Transformer& model);
 
 // A checkpoint directory, checked: the manifest well-formed (step, model,
-// file names, placements), and every file present with its recorded size
-// and xxh64. Throws IoError naming the file.
-CheckpointRef open_checkpoint(const std::string& dir);
+// file names, placements, counters), and every file present with its
+// recorded size and xxh64. Throws IoError naming the file.
+// Without digests, sizes only (each chunk's xxh64 is then checked as it is
+// read).
+CheckpointRef open_checkpoint(const std::string& dir, bool digests = true);
+
+// The manifest's counters agree with each other, as a resume needs them
+// to: every step either updated the weights or was skipped for fp16
+// overflow (optimizer_steps == step - loss_scaler.skipped_steps), and the
+// loader returned one batch per step plus each skipped batch it passed
+// (loader.step == step + those skipped). Resume, open_checkpoint and `apiary
+// ckpt verify` all check it here. Throws IoError naming the manifest.
+void check_counters(const CheckpointRef& ck);
+
+// Everything `apiary ckpt verify` checks: open_checkpoint's checks, every
+// chunk's xxh64, every slice of every tensor stored exactly once, with its
+// optimizer state. Throws IoError naming what is wrong.
+CheckpointRef verify_checkpoint(const std::string& dir);
+
+// What <run>/ckpt/latest names: a step folder (which may still be damaged),
+// or, with `problem` set, why it names none (missing, empty, not step_N).
+struct LatestName {
+    std::string dir;
+    int64_t step = -1;
+    std::string problem;
+    bool missing = false;
+};
+LatestName read_latest(const std::string& run_dir);
+
+// The newest complete checkpoint before step `below` that verifies
+// (verify_checkpoint), or none; `why` (if given) gets what was wrong with
+// each newer one.
+std::optional<CheckpointRef> newest_intact(const std::string& run_dir, int64_t below,
+                                           std::vector<std::string>* why = nullptr);
 
 // The checkpoint `latest` names, checked as open_checkpoint checks it. If it
-// is damaged, the error names the newest intact earlier one (if any) and
-// how to use it; with previous_good that one is returned instead, and
-// `skipped` (if given) gets what was wrong with the newer ones.
+// is damaged, or `latest` itself is (missing, empty, naming no step folder),
+// the error names the newest intact checkpoint (earlier than the one
+// `latest` names, if it names one) and how to continue from it; with
+// previous_good the one `latest` names is verified in full (every chunk's
+// xxh64) and, if damaged, that newest intact one is returned instead, and
+// `skipped` (if given) gets what was wrong with `latest` and the newer ones.
 CheckpointRef latest_checkpoint(const std::string& run_dir, bool previous_good = false,
                                 std::vector<std::string>* skipped = nullptr);
 

@@ -360,10 +360,12 @@ TrainSummary Trainer::finish(int64_t step, bool stop) {
     save(step);
     if (saver_.poll(true)) note_save();
     if (!saver_.last().error.empty()) {
-        throw IoError(
-            fmt::format("the final checkpoint (step {}) failed: {}; the latest intact "
-                        "one is still in {}/ckpt",
-                        step, saver_.last().error, o_.run_dir));
+        const LatestName kept = read_latest(o_.run_dir);
+        throw IoError(fmt::format(
+            "the final checkpoint (step {}) failed: {}; {}", step, saver_.last().error,
+            kept.problem.empty() ? fmt::format("the latest intact one is still {}", kept.dir)
+            : kept.missing       ? std::string("the run has no checkpoint to resume from")
+                                 : kept.problem));
     }
     summary.checkpoint_dir = saver_.last().dir;
     const auto mem = core::mem_stats();
@@ -402,6 +404,9 @@ void Trainer::write_memory_record(int64_t step, const core::MemStats& mem) {
 }
 
 void Trainer::load(const CheckpointRef& ck) {
+    // The counters before anything changes: a damaged checkpoint is
+    // refused with the trainer as it was.
+    check_counters(ck);
     // The data first: a changed tokenizer also changes the model's
     // vocabulary, and should be named as what changed.
     restore_data(ck);
@@ -418,15 +423,7 @@ void Trainer::load(const CheckpointRef& ck) {
     if (ck.meta.contains("skipped_batches")) {
         for (const auto& b : ck.meta["skipped_batches"]) skip_batches_.insert(b.get<int64_t>());
     }
-    auto& scaler = engine_.loss_scaler();
-    if (ck.meta.contains("loss_scaler")) scaler.restore(ck.meta["loss_scaler"]);
-    // Every step either updated the weights or was skipped for overflow.
-    if (engine_.optimizer().step_count() != ck.step - scaler.skipped_steps()) {
-        throw IoError(
-            fmt::format("{}: the optimizer has taken {} steps, but the checkpoint says "
-                        "step {} with {} skipped (checkpoint damaged)",
-                        ck.dir, engine_.optimizer().step_count(), ck.step, scaler.skipped_steps()));
-    }
+    if (ck.meta.contains("loss_scaler")) engine_.loss_scaler().restore(ck.meta["loss_scaler"]);
     start_step_ = ck.step;
     if (start_step_ >= o_.steps) {
         throw ConfigError(
@@ -561,20 +558,8 @@ void Trainer::restore_data(const CheckpointRef& ck) {
                         "keys now give {} ({}); resume with the run's data settings",
                         where, hash, data_.tokenizer_hash, data_.manifest));
     }
+    // Its step agrees with the checkpoint's (check_counters, in load).
     train_data_->restore(ck.meta["loader"]);
-    // Each skipped batch the loader has passed is one batch more than steps.
-    int64_t skipped = 0;
-    if (ck.meta.contains("skipped_batches") && ck.meta["skipped_batches"].is_array()) {
-        for (const auto& b : ck.meta["skipped_batches"]) {
-            if (b.is_number_integer() && b.get<int64_t>() <= train_data_->step()) ++skipped;
-        }
-    }
-    if (train_data_->step() != ck.step + skipped) {
-        throw IoError(
-            fmt::format("{}: the loader state is at batch {}, the checkpoint at step {} "
-                        "with {} batches skipped (checkpoint damaged)",
-                        where, train_data_->step(), ck.step, skipped));
-    }
 }
 
 void Trainer::print_banner(double unigram) {

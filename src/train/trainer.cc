@@ -114,13 +114,23 @@ TrainSummary resume_training(const core::Config& c, comm::ProcessGroup* world, b
     const bool first = !world || world->rank() == 0;
     std::optional<RunDirLock> lock;
     if (first && fs::is_directory(run_dir)) lock.emplace(run_dir);
-    std::vector<std::string> skipped;
-    const CheckpointRef ck = latest_checkpoint(run_dir, previous_good, &skipped);
+    // The first rank chooses (verifying every checksum with previous_good)
+    // and the others take its choice.
+    CheckpointRef ck;
     if (first) {
-        for (const auto& why : skipped) {
-            fmt::print(stderr, "apiary: warning: skipping a damaged checkpoint: {}\n", why);
+        std::vector<std::string> skipped;
+        ck = latest_checkpoint(run_dir, previous_good, &skipped);
+        for (const auto& why : skipped) fmt::print(stderr, "apiary: warning: {}\n", why);
+        if (!skipped.empty()) {
+            fmt::print(stderr,
+                       "apiary: resuming from {} (step {}), the newest checkpoint that "
+                       "verifies\n",
+                       ck.dir, ck.step);
         }
-        if (!skipped.empty()) fmt::print(stderr, "apiary: resuming from {}\n", ck.dir);
+    }
+    if (world && world->size() > 1) {
+        const std::string chosen = comm::all_gather_strings(*world, ck.dir)[0];
+        if (!first) ck = open_checkpoint(chosen, false);
     }
     const double peak = Trainer::measure_peak(TrainOptions::from_config(c));
     const TrainData data = shared_train_data(c, world);
@@ -132,18 +142,12 @@ TrainSummary resume_training(const core::Config& c, comm::ProcessGroup* world, b
         trainer.load(ck);
     } catch (const IoError& e) {
         // A chunk whose checksum fails on load: name the way out.
-        for (const auto& [s, older] : list_checkpoints(run_dir)) {
-            if (s >= ck.step) continue;
-            try {
-                open_checkpoint(older);
-            } catch (const IoError&) {
-                continue;
-            }
+        if (const auto good = newest_intact(run_dir, ck.step)) {
             throw IoError(
                 fmt::format("{}\nthe checkpoint is damaged; {} (step {}) is intact: "
                             "continue from it with `apiary train --resume {} "
                             "--resume-from-previous-good`",
-                            e.what(), older, s, run_dir));
+                            e.what(), good->dir, good->step, run_dir));
         }
         throw;
     }

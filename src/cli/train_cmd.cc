@@ -67,22 +67,16 @@ void setup(CLI::App& app) {
                     "with --resume");
             }
             const std::string dir = load_config(config_file, sets).get_string("run.dir");
-            // A run with a `latest` or a complete checkpoint continues, from
-            // the newest one that verifies if `latest` or its checkpoint is
-            // damaged (resume_training says which and why).
-            if (std::filesystem::exists(std::filesystem::path(dir) / "ckpt" / "latest") ||
-                !train::list_checkpoints(dir).empty()) {
+            const train::AutoResume a = train::auto_resume_policy(dir);
+            if (a.resume) {
                 resume_dir = dir;
                 config_file.clear();
                 std::erase_if(sets,
                               [](const std::string& s) { return s.rfind("run.dir=", 0) == 0; });
-                previous_good = true;
             } else {
-                // Killed before its first save: the run starts again (run_dir
-                // still refuses a directory that is not an apiary run).
-                overwrite = std::filesystem::exists(dir);
-                previous_good = false;
+                overwrite = a.overwrite;
             }
+            previous_good = a.previous_good;
         }
         if (!resume_dir.empty()) {
             if (!config_file.empty() || overwrite) {

@@ -79,6 +79,17 @@ void check_world(const core::Config& c, comm::ProcessGroup* world) {
 
 }  // namespace
 
+AutoResume auto_resume_policy(const std::string& run_dir) {
+    AutoResume a;
+    if (fs::exists(fs::path(run_dir) / "ckpt" / "latest") || !list_checkpoints(run_dir).empty()) {
+        a.resume = true;
+        a.previous_good = true;
+    } else {
+        a.overwrite = fs::exists(run_dir);
+    }
+    return a;
+}
+
 TrainSummary run_training(const core::Config& c, bool overwrite, comm::ProcessGroup* world) {
     const std::string run_dir = c.get_string("run.dir");
     check_world(c, world);

@@ -45,4 +45,17 @@ TrainSummary run_training(const core::Config& config, bool overwrite,
 TrainSummary resume_training(const core::Config& config, comm::ProcessGroup* world = nullptr,
                              bool previous_good = false);
 
+// --auto-resume: what a requeued or restarted job does with its run.dir.
+struct AutoResume {
+    bool resume = false;         // continue the run
+    bool previous_good = false;  // resume: fall back past a damaged `latest` or checkpoint
+    bool overwrite = false;      // start anew over a run killed before its first save
+};
+// A run with a `latest` or a complete checkpoint continues, from the newest
+// one that verifies if `latest` or its checkpoint is damaged
+// (resume_training says which and why); one killed before its first save
+// starts again (the run directory check still refuses a directory that is
+// not an apiary run); no directory is a new run.
+AutoResume auto_resume_policy(const std::string& run_dir);
+
 }  // namespace apiary::train

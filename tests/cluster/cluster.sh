@@ -426,5 +426,6 @@ mpirun) cmd_mpirun "$@" ;;
 hostfile) echo "$state/hostfile" ;;
 status) cmd_status ;;
 _apply) apply_link "$1" ;;
+_link) read_host "$(host_index "$1")" && echo "$link" ;;
 *) die "unknown command '$verb'; use up, down, exec, link, crash, mpirun, hostfile or status" ;;
 esac

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -161,6 +162,63 @@ TEST_F(ClusterTraining, TensorInsideHostsPipelineAcrossMatchesOneRank) {
     // The mesh's default axis order (tp fastest) puts each tensor-parallel
     // pair on one host; the two pipeline stages are the two hosts.
     check_layout("tp2_pp2", 1, "--set parallel.tp=2 --set parallel.pp=2");
+}
+
+// The apiary processes running in host h<i> (by the network namespace).
+std::vector<int> apiary_pids_on(const std::string& id, int host) {
+    const auto r = run_command(fmt::format("ip netns pids apy-{}-h{}", id, host));
+    std::istringstream in(r.output);
+    std::vector<int> out;
+    for (int pid; in >> pid;) {
+        std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+        std::string name;
+        comm >> name;
+        if (name == "apiary") out.push_back(pid);
+    }
+    return out;
+}
+
+TEST_F(ClusterTraining, HostCrashStopsTheOtherRanksNamingTheMissingOnes) {
+    // dp 4 over h1 (ranks 0, 1) and h2 (ranks 2, 3); h2 crashes mid-run (its
+    // link down, then every process in it SIGKILLed, so that nothing it had
+    // open says goodbye). The ranks on h1 wait in the gradients' all-reduce
+    // until comm.timeout_s, then the watchdog names the ranks that did not
+    // answer and ends them.
+    const fs::path run_dir = dir_ / "crash";
+    const std::string cmd = fmt::format(
+        "bash {} mpirun -n 4 {} train --set run.dir={} {}", kCluster, apiary_bin(),
+        run_dir.string(),
+        args(4, "--set parallel.dp=4 --set train.steps=100000 --set train.eval_every=100000 "
+                "--set comm.timeout_s=15"));
+    Background job(cmd, (dir_ / "crash.out").string());
+    const auto steps_done = [&] {
+        int n = 0;
+        for (const auto& line : read_lines((run_dir / "metrics.jsonl").string())) {
+            n += line.find("\"loss\"") != std::string::npos;
+        }
+        return n;
+    };
+    ASSERT_TRUE(wait_until([&] { return steps_done() >= 3; }, 300)) << job.output();
+    ASSERT_EQ(apiary_pids_on(id_, 1).size(), 2u);
+    ASSERT_EQ(apiary_pids_on(id_, 2).size(), 2u);
+    const auto r = run_command("bash " + kCluster + " crash h2");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(apiary_pids_on(id_, 2).empty());
+
+    // Bounds to give up by, far past timeout_s and the watchdog's exchange.
+    const std::string diagnosis = "ranks 2,3 did not answer";
+    EXPECT_TRUE(wait_until([&] { return job.output().find(diagnosis) != std::string::npos; }, 300))
+        << job.output();
+    EXPECT_NE(job.output().find("exceeded comm.timeout_s = 15 s"), std::string::npos)
+        << job.output();
+    EXPECT_TRUE(wait_until([&] { return apiary_pids_on(id_, 1).empty(); }, 120))
+        << "the ranks on h1 are still running";
+    // mpirun itself waits on h2's daemon (see docs/distributed.md, "Many
+    // hosts"); tearing the cluster down ends it.
+    run_command("bash " + kCluster + " down");
+    job.wait();
+    std::printf("  after the crash:\n%s\n",
+                job.output().substr(job.output().rfind("\r") + 1).c_str());
 }
 
 }  // namespace

@@ -4,9 +4,10 @@
 # see separate nodes), joined to a bridge this script creates by one veth
 # pair, with one address on the bridge's subnet and no route anywhere else
 # (no default route, no address on the bridge, no NAT). Each host's link is
-# shaped by tc in both directions: tbf for the rate, netem under it for the
-# latency (on what the host sends) and loss (both ways). The file system and
-# the process table stay shared: a host is a view of the network, not a VM.
+# shaped by tc in both directions: an htb class for the rate, netem under it
+# for the latency (on what the host sends; only where the kernel has netem)
+# and a classic-BPF filter for loss (both ways). The file system and the
+# process table stay shared: a host is a view of the network, not a VM.
 #
 #   cluster.sh up N               create hosts h1..hN (idempotent: a healthy
 #                                 host is kept with its link settings, a
@@ -16,7 +17,8 @@
 #   cluster.sh exec HOST CMD...   run CMD inside HOST's namespaces
 #   cluster.sh link HOST rate R | delay D | loss P | down | up | reset
 #                                 R as tc writes rates (1gbit, 100mbit),
-#                                 D as times (100us, 5ms), P a percentage (2%);
+#                                 D as times (100us, 5ms; needs netem), P a
+#                                 percentage (2%);
 #                                 HOST may be `all`
 #   cluster.sh crash HOST         the host dies: its link goes down and every
 #                                 process in it is SIGKILLed (the namespaces

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -60,9 +61,8 @@ class ClusterTraining : public ::testing::Test {
             const auto r = run_command("bash " + kCluster + " down");
             EXPECT_EQ(r.exit_code, 0) << r.output;
             const auto left = run_command("ip -o link show; ip netns list");
-            EXPECT_EQ(left.output.find("apy-" + id_ + "-"), std::string::npos)
-                << "left behind:\n"
-                << left.output;
+            EXPECT_EQ(left.output.find("apy-" + id_ + "-"), std::string::npos) << "left behind:\n"
+                                                                               << left.output;
         }
         if (!dir_.empty()) fs::remove_all(dir_);
     }
@@ -75,9 +75,10 @@ class ClusterTraining : public ::testing::Test {
             char host = 0;
             if (std::sscanf(name.c_str(), "apy-t%x-%c", &pid, &host) != 2 || host != 'h') continue;
             if (fs::exists("/proc/" + std::to_string(pid))) continue;
-            run_command(fmt::format("APIARY_CLUSTER_ID=t{:x} APIARY_CLUSTER_DIR=/nonexistent "
-                                    "bash {} down",
-                                    pid, kCluster));
+            run_command(
+                fmt::format("APIARY_CLUSTER_ID=t{:x} APIARY_CLUSTER_DIR=/nonexistent "
+                            "bash {} down",
+                            pid, kCluster));
         }
     }
 
@@ -98,9 +99,9 @@ class ClusterTraining : public ::testing::Test {
     CommandResult run_on_cluster(const std::string& name, const std::string& train_args) {
         const fs::path hosts = dir_ / (name + "_hosts");
         fs::create_directories(hosts);
-        const std::string rank_cmd = fmt::format(
-            "hostname > {}/$OMPI_COMM_WORLD_RANK && exec {} train --set run.dir={} {}",
-            hosts.string(), apiary_bin(), (dir_ / name).string(), train_args);
+        const std::string rank_cmd =
+            fmt::format("hostname > {}/$OMPI_COMM_WORLD_RANK && exec {} train --set run.dir={} {}",
+                        hosts.string(), apiary_bin(), (dir_ / name).string(), train_args);
         return run_command("bash " + kCluster + " mpirun -n 4 sh -c '" + rank_cmd + "'");
     }
     std::vector<std::string> rank_hosts(const std::string& name) const {
@@ -123,8 +124,9 @@ class ClusterTraining : public ::testing::Test {
         auto r = runs_->run("base", 1, args(1, ""));
         ASSERT_EQ(r.exit_code, 0) << r.output;
         r = runs_->run("init", 1,
-                       args(1, "--set train.steps=1 --set train.lr=0 --set train.min_lr=0 "
-                               "--set train.warmup_steps=0"));
+                       args(1,
+                            "--set train.steps=1 --set train.lr=0 --set train.min_lr=0 "
+                            "--set train.warmup_steps=0"));
         ASSERT_EQ(r.exit_code, 0) << r.output;
 
         const int64_t before = link_bytes();
@@ -178,19 +180,17 @@ std::vector<int> apiary_pids_on(const std::string& id, int host) {
     return out;
 }
 
-TEST_F(ClusterTraining, HostCrashStopsTheOtherRanksNamingTheMissingOnes) {
-    // dp 4 over h1 (ranks 0, 1) and h2 (ranks 2, 3); h2 crashes mid-run (its
-    // link down, then every process in it SIGKILLed, so that nothing it had
-    // open says goodbye). The ranks on h1 wait in the gradients' all-reduce
-    // until comm.timeout_s, then the watchdog names the ranks that did not
-    // answer and ends them.
-    const fs::path run_dir = dir_ / "crash";
-    const std::string cmd = fmt::format(
-        "bash {} mpirun -n 4 {} train --set run.dir={} {}", kCluster, apiary_bin(),
-        run_dir.string(),
-        args(4, "--set parallel.dp=4 --set train.steps=100000 --set train.eval_every=100000 "
-                "--set comm.timeout_s=15"));
-    Background job(cmd, (dir_ / "crash.out").string());
+// dp 4 over h1 (ranks 0, 1) and h2 (ranks 2, 3), run in the background;
+// once it has trained 3 steps, h2 crashes (its link down, then every process
+// in it SIGKILLed, so that nothing it had open says goodbye).
+std::unique_ptr<Background> start_and_crash_h2(const fs::path& dir, const std::string& id,
+                                               const std::string& mpirun_args,
+                                               const std::string& train_args) {
+    const fs::path run_dir = dir / "crash";
+    auto job = std::make_unique<Background>(
+        fmt::format("bash {} mpirun {} -n 4 {} train --set run.dir={} {}", kCluster, mpirun_args,
+                    apiary_bin(), run_dir.string(), train_args),
+        (dir / "crash.out").string());
     const auto steps_done = [&] {
         int n = 0;
         for (const auto& line : read_lines((run_dir / "metrics.jsonl").string())) {
@@ -198,27 +198,67 @@ TEST_F(ClusterTraining, HostCrashStopsTheOtherRanksNamingTheMissingOnes) {
         }
         return n;
     };
-    ASSERT_TRUE(wait_until([&] { return steps_done() >= 3; }, 300)) << job.output();
-    ASSERT_EQ(apiary_pids_on(id_, 1).size(), 2u);
-    ASSERT_EQ(apiary_pids_on(id_, 2).size(), 2u);
+    EXPECT_TRUE(wait_until([&] { return steps_done() >= 3; }, 300)) << job->output();
+    EXPECT_EQ(apiary_pids_on(id, 1).size(), 2u);
+    EXPECT_EQ(apiary_pids_on(id, 2).size(), 2u);
     const auto r = run_command("bash " + kCluster + " crash h2");
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_TRUE(apiary_pids_on(id_, 2).empty());
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(apiary_pids_on(id, 2).empty());
+    return job;
+}
 
+std::string crash_args(int timeout_s) {
+    return "--set parallel.dp=4 --set train.steps=100000 --set train.eval_every=100000 "
+           "--set comm.timeout_s=" +
+           std::to_string(timeout_s);
+}
+
+TEST_F(ClusterTraining, HostCrashStopsTheOtherRanksNamingTheMissingOnes) {
+    // The ranks on h1 wait in the gradients' all-reduce until comm.timeout_s,
+    // then the watchdog names the ranks that did not answer and ends them.
+    auto job = start_and_crash_h2(dir_, id_, "", args(4, crash_args(15)));
+    ASSERT_FALSE(HasFailure());
     // Bounds to give up by, far past timeout_s and the watchdog's exchange.
     const std::string diagnosis = "ranks 2,3 did not answer";
-    EXPECT_TRUE(wait_until([&] { return job.output().find(diagnosis) != std::string::npos; }, 300))
-        << job.output();
-    EXPECT_NE(job.output().find("exceeded comm.timeout_s = 15 s"), std::string::npos)
-        << job.output();
+    EXPECT_TRUE(wait_until([&] { return job->output().find(diagnosis) != std::string::npos; }, 300))
+        << job->output();
+    EXPECT_NE(job->output().find("exceeded comm.timeout_s = 15 s"), std::string::npos)
+        << job->output();
     EXPECT_TRUE(wait_until([&] { return apiary_pids_on(id_, 1).empty(); }, 120))
         << "the ranks on h1 are still running";
     // mpirun itself waits on h2's daemon (see docs/distributed.md, "Many
     // hosts"); tearing the cluster down ends it.
     run_command("bash " + kCluster + " down");
-    job.wait();
+    job->wait();
     std::printf("  after the crash:\n%s\n",
-                job.output().substr(job.output().rfind("\r") + 1).c_str());
+                job->output().substr(job->output().rfind("\r") + 1).c_str());
+}
+
+TEST_F(ClusterTraining, HostCrashWithKeepalivesEndsTheJobNamingTheHost) {
+    // With TCP keepalives on mpirun's connections to its daemons (the
+    // settings docs/distributed.md gives), mpirun notices the lost host by
+    // itself, well before comm.timeout_s, and ends the job naming it.
+    auto job = start_and_crash_h2(dir_, id_,
+                                  "--mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 "
+                                  "--mca oob_tcp_keepalive_probes 3",
+                                  args(4, crash_args(600)));
+    ASSERT_FALSE(HasFailure());
+    // A bound to give up by, far past the keepalives' 11 s.
+    const auto ended = [&] {
+        siginfo_t info{};
+        return ::waitid(P_PID, id_t(job->pid()), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+               info.si_pid != 0;
+    };
+    ASSERT_TRUE(wait_until(ended, 300)) << "mpirun did not end:\n" << job->output();
+    EXPECT_NE(job->wait(), 0);
+    const std::string out = job->output();
+    EXPECT_NE(out.find("ORTE has lost communication with a remote daemon"), std::string::npos)
+        << out;
+    EXPECT_NE(out.find("on node h2"), std::string::npos) << out;
+    EXPECT_TRUE(wait_until([&] { return apiary_pids_on(id_, 1).empty(); }, 60))
+        << "the ranks on h1 are still running";
+    EXPECT_EQ(out.find("did not answer"), std::string::npos) << "the watchdog fired first:\n"
+                                                             << out;
 }
 
 }  // namespace

@@ -106,7 +106,7 @@ list_hosts() {
 
 # A host file holds shell assignments: pid, rate, delay, loss, link.
 read_host() {
-    pid= rate=$default_rate delay=$(default_delay) loss=$default_loss link=up
+    pid='' rate=$default_rate delay=$(default_delay) loss=$default_loss link=up
     # shellcheck disable=SC1090
     [ -f "$state/hosts/$1" ] && . "$state/hosts/$1"
     return 0

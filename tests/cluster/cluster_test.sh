@@ -13,7 +13,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 here=$(cd "$(dirname "$0")" && pwd)
 cluster="$here/cluster.sh"
-export APIARY_CLUSTER_ID="c$(printf '%x' $(($$ & 0xfffff)))"
+APIARY_CLUSTER_ID="c$(printf '%x' $(($$ & 0xfffff)))"
+export APIARY_CLUSTER_ID
 export APIARY_CLUSTER_DIR
 APIARY_CLUSTER_DIR=$(mktemp -d /tmp/apiary-cluster-test.XXXXXX)
 prefix="apy-$APIARY_CLUSTER_ID-"
@@ -70,8 +71,8 @@ bash "$cluster" status | grep -q "^h2 .*link up rate 1gbit .*loss 0%" || fail "r
 ! tc filter show dev "${prefix}v2" | grep -q bpf || fail "the loss filter stayed"
 
 # A host whose holder died is rebuilt by up.
-. "$APIARY_CLUSTER_DIR/hosts/2"
-kill -9 "$pid"
+holder=$(sed -n 's/^pid=//p' "$APIARY_CLUSTER_DIR/hosts/2")
+kill -9 "$holder"
 bash "$cluster" status | grep -q "^h2 .*BROKEN" || fail "status missed the dead holder"
 bash "$cluster" up 2
 [ "$(bash "$cluster" exec h2 hostname)" = h2 ] || fail "h2 not rebuilt"

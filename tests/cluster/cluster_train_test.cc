@@ -1,0 +1,264 @@
+// Training across hosts of the test cluster (cluster.sh): two hosts, each a
+// network and UTS namespace of this machine with its own hostname and
+// address, joined by shaped links on a bridge. `mpirun` runs on h1 and
+// starts h2's daemon through rsh-agent.sh; ranks of one host share memory,
+// ranks of two hosts talk TCP over the bridge. Each layout's losses,
+// gradient norms and final parameters equal the one-rank run's within the
+// layout tests' tolerances (tests/parallel/layouts_test.cc), the ranks ran
+// on the hosts the hostfile gave them (each writes its own hostname), and
+// the training's traffic crossed h2's link (its byte counters). Needs root;
+// skipped otherwise.
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../parallel/layout_util.h"
+
+using namespace apiary::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kCluster = CLUSTER_SH;
+
+int64_t read_counter(const std::string& path) {
+    std::ifstream in(path);
+    int64_t v = -1;
+    in >> v;
+    return v;
+}
+
+class ClusterTraining : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        if (::geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces, veths, a bridge)";
+        // Clusters of test processes that died without tearing theirs down.
+        reap_stale_clusters();
+        id_ = fmt::format("t{:x}", ::getpid() & 0xfffff);
+        dir_ = fs::temp_directory_path() /
+               ("apiary_cluster_" + id_ + "_" +
+                ::testing::UnitTest::GetInstance()->current_test_info()->name());
+        fs::remove_all(dir_);
+        fs::create_directories(dir_);
+        ::setenv("APIARY_CLUSTER_ID", id_.c_str(), 1);
+        ::setenv("APIARY_CLUSTER_DIR", (dir_ / "cluster").c_str(), 1);
+        up_ = true;
+        const auto r = run_command("bash " + kCluster + " up 2");
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        runs_ = std::make_unique<LayoutRuns>(dir_);
+    }
+    void TearDown() override {
+        if (up_) {
+            const auto r = run_command("bash " + kCluster + " down");
+            EXPECT_EQ(r.exit_code, 0) << r.output;
+            const auto left = run_command("ip -o link show; ip netns list");
+            EXPECT_EQ(left.output.find("apy-" + id_ + "-"), std::string::npos) << "left behind:\n"
+                                                                               << left.output;
+        }
+        if (!dir_.empty()) fs::remove_all(dir_);
+    }
+
+    static void reap_stale_clusters() {
+        const auto r = run_command("ip netns list");
+        std::istringstream in(r.output);
+        for (std::string name; in >> name;) {
+            unsigned pid = 0;
+            char host = 0;
+            if (std::sscanf(name.c_str(), "apy-t%x-%c", &pid, &host) != 2 || host != 'h') continue;
+            if (fs::exists("/proc/" + std::to_string(pid))) continue;
+            run_command(
+                fmt::format("APIARY_CLUSTER_ID=t{:x} APIARY_CLUSTER_DIR=/nonexistent "
+                            "bash {} down",
+                            pid, kCluster));
+        }
+    }
+
+    // As tests/parallel/layouts_test.cc: 8 blocks of 128 channels, a global
+    // batch of 16 sequences of 64 bytes (dp x B x 4 micro-batches), 10 steps.
+    static std::string args(int dp, const std::string& extra) {
+        return "--set model.preset=tiny --set model.n_layer=8 --set model.n_embd=128 "
+               "--set model.n_head=4 --set data.tokenizer=byte --set train.steps=10 "
+               "--set train.seq_len=64 --set train.grad_accum=4 --set train.log_every=1 "
+               "--set train.eval_every=5 --set train.eval_batches=2 --set train.threads=1 "
+               "--set train.warmup_steps=3 --set train.lr=1e-3 "
+               "--set train.batch_size=" +
+               std::to_string(4 / dp) + " " + extra;
+    }
+
+    // `cluster.sh mpirun -n 4` over h1 and h2 (2 slots each); every rank
+    // writes the hostname it runs on, then becomes `apiary train`.
+    CommandResult run_on_cluster(const std::string& name, const std::string& train_args) {
+        const fs::path hosts = dir_ / (name + "_hosts");
+        fs::create_directories(hosts);
+        const std::string rank_cmd =
+            fmt::format("hostname > {}/$OMPI_COMM_WORLD_RANK && exec {} train --set run.dir={} {}",
+                        hosts.string(), apiary_bin(), (dir_ / name).string(), train_args);
+        return run_command("bash " + kCluster + " mpirun -n 4 sh -c '" + rank_cmd + "'");
+    }
+    std::vector<std::string> rank_hosts(const std::string& name) const {
+        std::vector<std::string> out;
+        for (int r = 0; r < 4; ++r) {
+            std::ifstream in(dir_ / (name + "_hosts") / std::to_string(r));
+            std::string h;
+            in >> h;
+            out.push_back(h);
+        }
+        return out;
+    }
+    // Bytes through h2's link, both ways (the bridge's end of its veth).
+    int64_t link_bytes() const {
+        const std::string dev = "/sys/class/net/apy-" + id_ + "-v2/statistics/";
+        return read_counter(dev + "rx_bytes") + read_counter(dev + "tx_bytes");
+    }
+
+    void check_layout(const std::string& name, int dp, const std::string& layout) {
+        auto r = runs_->run("base", 1, args(1, ""));
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        r = runs_->run("init", 1,
+                       args(1,
+                            "--set train.steps=1 --set train.lr=0 --set train.min_lr=0 "
+                            "--set train.warmup_steps=0"));
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+
+        const int64_t before = link_bytes();
+        r = run_on_cluster(name, args(dp, layout));
+        ASSERT_EQ(r.exit_code, 0) << name << ":\n" << r.output;
+        const int64_t crossed = link_bytes() - before;
+
+        // mpirun fills h1's two slots, then h2's.
+        EXPECT_EQ(rank_hosts(name), (std::vector<std::string>{"h1", "h1", "h2", "h2"}));
+        // A 1.6 M-parameter model: dp moves its gradients over the link
+        // every step (~6 MB each way), pp the activations and their
+        // gradients (~1 MB a step); ranks that shared one host would move
+        // nothing over it (ARP aside).
+        EXPECT_GT(crossed, 4 << 20) << "bytes through h2's link";
+        std::printf("  %s: %.1f MB through h2's link\n", name.c_str(), crossed / 1e6);
+
+        runs_->expect_series_near("base", name, "loss", 10, 1e-5);
+        runs_->expect_series_near("base", name, "grad_norm", 10, 1e-4);
+        const double d = runs_->update_difference("base", name, "init", 10);
+        EXPECT_LT(d, 1e-4) << name << " vs base";
+        std::printf("  %s: parameters differ by %.2e of their movement\n", name.c_str(), d);
+    }
+
+    std::string id_;
+    fs::path dir_;
+    bool up_ = false;
+    std::unique_ptr<LayoutRuns> runs_;
+};
+
+TEST_F(ClusterTraining, DataParallelOverTwoHostsMatchesOneRank) {
+    check_layout("dp4", 4, "--set parallel.dp=4");
+}
+
+TEST_F(ClusterTraining, TensorInsideHostsPipelineAcrossMatchesOneRank) {
+    // The mesh's default axis order (tp fastest) puts each tensor-parallel
+    // pair on one host; the two pipeline stages are the two hosts.
+    check_layout("tp2_pp2", 1, "--set parallel.tp=2 --set parallel.pp=2");
+}
+
+// The apiary processes running in host h<i> (by the network namespace).
+std::vector<int> apiary_pids_on(const std::string& id, int host) {
+    const auto r = run_command(fmt::format("ip netns pids apy-{}-h{}", id, host));
+    std::istringstream in(r.output);
+    std::vector<int> out;
+    for (int pid; in >> pid;) {
+        std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+        std::string name;
+        comm >> name;
+        if (name == "apiary") out.push_back(pid);
+    }
+    return out;
+}
+
+// dp 4 over h1 (ranks 0, 1) and h2 (ranks 2, 3), run in the background;
+// once it has trained 3 steps, h2 crashes (its link down, then every process
+// in it SIGKILLed, so that nothing it had open says goodbye).
+std::unique_ptr<Background> start_and_crash_h2(const fs::path& dir, const std::string& id,
+                                               const std::string& mpirun_args,
+                                               const std::string& train_args) {
+    const fs::path run_dir = dir / "crash";
+    auto job = std::make_unique<Background>(
+        fmt::format("bash {} mpirun {} -n 4 {} train --set run.dir={} {}", kCluster, mpirun_args,
+                    apiary_bin(), run_dir.string(), train_args),
+        (dir / "crash.out").string());
+    const auto steps_done = [&] {
+        int n = 0;
+        for (const auto& line : read_lines((run_dir / "metrics.jsonl").string())) {
+            n += line.find("\"loss\"") != std::string::npos;
+        }
+        return n;
+    };
+    EXPECT_TRUE(wait_until([&] { return steps_done() >= 3; }, 300)) << job->output();
+    EXPECT_EQ(apiary_pids_on(id, 1).size(), 2u);
+    EXPECT_EQ(apiary_pids_on(id, 2).size(), 2u);
+    const auto r = run_command("bash " + kCluster + " crash h2");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_TRUE(apiary_pids_on(id, 2).empty());
+    return job;
+}
+
+std::string crash_args(int timeout_s) {
+    return "--set parallel.dp=4 --set train.steps=100000 --set train.eval_every=100000 "
+           "--set comm.timeout_s=" +
+           std::to_string(timeout_s);
+}
+
+TEST_F(ClusterTraining, HostCrashStopsTheOtherRanksNamingTheMissingOnes) {
+    // The ranks on h1 wait in the gradients' all-reduce until comm.timeout_s,
+    // then the watchdog names the ranks that did not answer and ends them.
+    auto job = start_and_crash_h2(dir_, id_, "", args(4, crash_args(15)));
+    ASSERT_FALSE(HasFailure());
+    // Bounds to give up by, far past timeout_s and the watchdog's exchange.
+    const std::string diagnosis = "ranks 2,3 did not answer";
+    EXPECT_TRUE(wait_until([&] { return job->output().find(diagnosis) != std::string::npos; }, 300))
+        << job->output();
+    EXPECT_NE(job->output().find("exceeded comm.timeout_s = 15 s"), std::string::npos)
+        << job->output();
+    EXPECT_TRUE(wait_until([&] { return apiary_pids_on(id_, 1).empty(); }, 120))
+        << "the ranks on h1 are still running";
+    // mpirun itself waits on h2's daemon (see docs/distributed.md, "Many
+    // hosts"); tearing the cluster down ends it.
+    run_command("bash " + kCluster + " down");
+    job->wait();
+    std::printf("  after the crash:\n%s\n",
+                job->output().substr(job->output().rfind("\r") + 1).c_str());
+}
+
+TEST_F(ClusterTraining, HostCrashWithKeepalivesEndsTheJobNamingTheHost) {
+    // With TCP keepalives on mpirun's connections to its daemons (the
+    // settings docs/distributed.md gives), mpirun notices the lost host by
+    // itself, well before comm.timeout_s, and ends the job naming it.
+    auto job = start_and_crash_h2(dir_, id_,
+                                  "--mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 "
+                                  "--mca oob_tcp_keepalive_probes 3",
+                                  args(4, crash_args(600)));
+    ASSERT_FALSE(HasFailure());
+    // A bound to give up by, far past the keepalives' 11 s.
+    const auto ended = [&] {
+        siginfo_t info{};
+        return ::waitid(P_PID, id_t(job->pid()), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+               info.si_pid != 0;
+    };
+    ASSERT_TRUE(wait_until(ended, 300)) << "mpirun did not end:\n" << job->output();
+    EXPECT_NE(job->wait(), 0);
+    const std::string out = job->output();
+    EXPECT_NE(out.find("ORTE has lost communication with a remote daemon"), std::string::npos)
+        << out;
+    EXPECT_NE(out.find("on node h2"), std::string::npos) << out;
+    EXPECT_TRUE(wait_until([&] { return apiary_pids_on(id_, 1).empty(); }, 60))
+        << "the ranks on h1 are still running";
+    EXPECT_EQ(out.find("did not answer"), std::string::npos) << "the watchdog fired first:\n"
+                                                             << out;
+}
+
+}  // namespace

@@ -235,7 +235,9 @@ class Trainer {
           engine_(spec_, layout_, world, B_, T_, engine_options(c)),
           saver_(engine_, run_dir_, save_options(c)),
           obs_(std::make_unique<obs::RunObserver>(
-              c, world, peak_, [this](const std::string& line) { say("{}", line); })) {}
+              c, world, peak_, [this](const std::string& line) { say("{}", line); })) {
+        check_eval_batches();
+    }
 
     void init_fresh() { engine_.init(seed_); }
     // This run is the k-th restart of a supervised job (apiary launch).
@@ -266,7 +268,11 @@ class Trainer {
         }
         return std::make_unique<data::Loader>(o);
     }
-    double evaluate();
+    // The held-out loss over train.eval_batches batches; nullopt when a stop
+    // was requested during it (every rank gives up at the same batch).
+    std::optional<double> evaluate();
+    // train.eval_batches against the distinct batches of the val split.
+    void check_eval_batches() const;
     // Entropy (nats) of the training stream's unigram distribution: the
     // loss of the best model that ignores context (from up to 16M tokens
     // per source).
@@ -520,19 +526,90 @@ void Trainer::note_save(std::optional<MetricsLog>& metrics) {
     if (c_.get_bool("train.ckpt_every_auto")) ckpt_every_ = every;
 }
 
-double Trainer::evaluate() {
+namespace {
+
+// Whether some rank asked to stop, decided between evaluation batches with no
+// wait of its own: the vote cast before batch i is reduced while batch i
+// computes and read before batch i + 1. Every rank reads the same sum at the
+// same batch (a signal reaches the ranks at different moments), so they all
+// leave together; the price is one batch of delay. One rank asks itself.
+class StopVote {
+  public:
+    explicit StopVote(comm::ProcessGroup* world)
+        : world_(world && world->size() > 1 ? world : nullptr) {}
+    ~StopVote() {
+        // Left by an error in the evaluation: peers may never join the call,
+        // so it is not waited for, and its 8 bytes are left to it.
+        if (pending_) (void)votes_.release();
+    }
+    StopVote(const StopVote&) = delete;
+    StopVote& operator=(const StopVote&) = delete;
+
+    // True on every rank at the same call once any rank has asked to stop.
+    bool stop_agreed() {
+        if (!world_) return core::stop_requested();
+        if (pending_) {
+            finish();
+            if (*votes_ > 0) return true;
+        }
+        *votes_ = core::stop_requested() ? 1 : 0;
+        pending_ = world_->all_reduce(votes_.get(), 1, core::DType::i64, comm::ReduceOp::sum,
+                                      {"eval_stop", 0});
+        return false;
+    }
+    // Completes the vote in flight (every rank has issued it).
+    void finish() {
+        if (!pending_) return;
+        pending_->wait();
+        pending_.reset();
+    }
+
+  private:
+    comm::ProcessGroup* world_;
+    std::unique_ptr<int64_t> votes_ = std::make_unique<int64_t>(0);
+    comm::WorkHandle pending_;
+};
+
+}  // namespace
+
+std::optional<double> Trainer::evaluate() {
     APIARY_TRACE("eval", core::trace::Kind::eval);
     model::LossResult local;
     val_data_->restore(val_start_);
+    StopVote vote(engine_.world());
     for (int64_t i = 0; i < c_.get_int("train.eval_batches"); ++i) {
+        if (vote.stop_agreed()) return std::nullopt;
         const data::Batch& b = val_data_->next_batch();
         const auto r = engine_.evaluate(b.tokens.data(), b.B, b.T);
         local.loss_sum += r.loss_sum;
         local.count += r.count;
     }
+    // A stop asked during the last batch is taken by the next step's vote.
+    vote.finish();
     const double loss = engine_.sum_over_world(local.loss_sum);
     const int64_t count = engine_.sum_over_world(local.count);
     return loss / double(std::max<int64_t>(1, count));
+}
+
+void Trainer::check_eval_batches() const {
+    // Windows past the split's end come round again: more batches measure
+    // the same text and only take longer (with a huge count, ignoring stop
+    // signals for hours before evaluations could be cut short).
+    uint64_t windows = 0;
+    for (size_t s = 0; s < val_data_->num_sources(); ++s)
+        windows += val_data_->samples_in_source(s);
+    const int64_t per_batch = B_ * layout_.dp();
+    const int64_t distinct = std::max<int64_t>(1, int64_t(windows) / per_batch);
+    const int64_t asked = c_.get_int("train.eval_batches");
+    if (asked <= distinct) return;
+    throw ConfigError(fmt::format(
+        "train.eval_batches = {}: the held-out (val) split of {} has {} windows of {} tokens, "
+        "{} distinct batches of {} windows (train.batch_size {} x {} data-parallel ranks); set "
+        "train.eval_batches to at most {}, or hold out more text (data.val_fraction)",
+        asked,
+        c_.get_string("data.sources").empty() ? c_.get_string("data.corpus")
+                                              : c_.get_string("data.sources"),
+        windows, T_ + 1, distinct, per_batch, B_, layout_.dp(), distinct));
 }
 
 void Trainer::restore_data(const CheckpointRef& ck) {
@@ -745,21 +822,30 @@ TrainSummary Trainer::run(bool append_metrics) {
         window_flops += double(tokens) * spec_.train_flops_per_token(int(batch.T));
         const bool last = step + 1 == steps_;
         if ((eval_every > 0 && (step + 1) % eval_every == 0) || last) {
-            last_eval = evaluate();
+            const std::optional<double> eval = evaluate();
+            if (!eval) {
+                // A stop during the evaluation, agreed by every rank: it is
+                // dropped (no record) and the stop checkpoint follows at once.
+                stop = true;
+                continue;
+            }
+            last_eval = *eval;
             obs_->eval_done(last_eval);
             if (metrics) metrics->write({{"step", step + 1}, {"eval_loss", last_eval}});
         }
         if ((step + 1) % log_every == 0 || last) {
             const double tps = double(window_tokens) / window_time;
             // Over all ranks' peaks: the world's share of model FLOPs.
-            const double mfu = window_flops / window_time / peak_ / double(engine_.world_size());
+            const obs::Mfu mfu = obs::model_flops_utilisation(window_flops, window_time, peak_,
+                                                              engine_.world_size());
             const double eta = double(steps_ - step - 1) * window_time / double(window_steps);
             json rec = step_record(step, r, lr);
             rec["step"] = step + 1;
             rec["loss"] = window_loss / double(window_steps);
             rec["step_time_s"] = window_time / double(window_steps);
             rec["tokens_per_s"] = tps;
-            rec["mfu"] = mfu;
+            rec["mfu"] = mfu.value;
+            if (mfu.capped) rec["mfu_capped"] = true;
             rec["elapsed_s"] = seconds_since(t_start);
             // Which tokens the step trained on (this rank's windows): runs
             // that must see the same data compare these.
@@ -780,11 +866,15 @@ TrainSummary Trainer::run(bool append_metrics) {
             auto& scaler = engine_.loss_scaler();
             const std::string scale_part =
                 scaler.enabled() ? fmt::format(" | scale {:g}", scaler.scale()) : "";
-            say("{}step {:>{}}/{} | loss {:.4f}{} | lr {:.2e}{} | {} tok/s | MFU {:.1f}% | ETA "
-                "{}{}",
+            // Above 100%, the peak measured at start was low (the cores were
+            // busier then): capped, and said so.
+            const std::string mfu_part =
+                mfu.capped ? "MFU 100% (capped: the matmul peak measured at start was low)"
+                           : fmt::format("MFU {:.1f}%", 100.0 * mfu.value);
+            say("{}step {:>{}}/{} | loss {:.4f}{} | lr {:.2e}{} | {} tok/s | {} | ETA {}{}",
                 tty ? "\r\033[K" : "", step + 1, int(std::to_string(steps_).size()), steps_,
                 window_loss / double(window_steps), eval_part, lr, scale_part, format_rate(tps),
-                100.0 * mfu, format_duration(eta), tty && !last ? "" : "\n");
+                mfu_part, format_duration(eta), tty && !last ? "" : "\n");
             std::fflush(stdout);
             summary.final_train_loss = window_loss / double(window_steps);
             summary.tokens_per_s = tps;
@@ -799,12 +889,13 @@ TrainSummary Trainer::run(bool append_metrics) {
         say("\nstopping after step {} for health ({}): saving a checkpoint (move the job, then "
             "`apiary train --resume {}`)\n",
             step, summary.health_stop, run_dir_);
-        last_eval = evaluate();
+        last_eval = evaluate().value_or(last_eval);
     } else if (stop) {
+        // A stop signal asks for the checkpoint now: no evaluation first
+        // (the loss reported is the last one measured, if any).
         say("\ninterrupted after step {}: saving a checkpoint (resume with `apiary train "
             "--resume {}`)\n",
             step, run_dir_);
-        last_eval = evaluate();
     }
     summary.steps = step;
     summary.interrupted = stop;
@@ -839,9 +930,11 @@ TrainSummary Trainer::run(bool append_metrics) {
         data_.bytes_per_token > 0
             ? fmt::format(", {:.3f} bits/byte", last_eval / std::log(2.0) / data_.bytes_per_token)
             : "";
-    say("done: {} steps in {}, val loss {:.4f} nats/token{} (unigram {:.4f}), peak memory "
-        "{:.1f} MiB; checkpoint {}\n",
-        step, format_duration(seconds_since(t_start)), last_eval, per_byte, summary.unigram_loss,
+    const std::string val_part =
+        std::isnan(last_eval) ? "val loss not measured (stopped before an evaluation finished)"
+                              : fmt::format("val loss {:.4f} nats/token{}", last_eval, per_byte);
+    say("done: {} steps in {}, {} (unigram {:.4f}), peak memory {:.1f} MiB; checkpoint {}\n", step,
+        format_duration(seconds_since(t_start)), val_part, summary.unigram_loss,
         double(mem.total_peak) / 1048576.0, summary.checkpoint_dir);
     obs_->finish();
     if (metrics && metrics->lost() > 0) {

@@ -7,6 +7,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
-./scripts/build.sh
+./scripts/build.sh  # configured as test.sh configures it (warnings are errors)
 ./build/apiary train --overwrite
 ./build/apiary generate --run runs/default --prompt "And God said" --tokens 120

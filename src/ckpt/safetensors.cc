@@ -170,7 +170,26 @@ FileDigest write_safetensors(const std::string& path, const std::vector<TensorEn
     return atomic_write_parts(path, parts, 2);
 }
 
+bool tensor_bytes(const std::vector<int64_t>& shape, uint64_t width, uint64_t& bytes) {
+    uint64_t n = width;
+    for (int64_t d : shape) {
+        if (d < 0 || __builtin_mul_overflow(n, uint64_t(d), &n)) return false;
+    }
+    if (n > uint64_t(INT64_MAX)) return false;
+    bytes = n;
+    return true;
+}
+
 SafetensorsFile::SafetensorsFile(const std::string& path, bool header_only) : path_(path) {
+    std::error_code ec;
+    if (fs::exists(path, ec) && !fs::is_regular_file(path, ec)) {
+        // A device or pipe has no size to check lengths against (and
+        // /dev/zero would read forever).
+        throw IoError(
+            fmt::format("{}: not a regular file (a device, pipe or directory, or a "
+                        "symlink to one): give the safetensors file itself",
+                        path));
+    }
     std::ifstream in(path, std::ios::binary | std::ios::ate);
     if (!in) throw IoError(fmt::format("{}: cannot open", path));
     const auto size = size_t(in.tellg());
@@ -181,7 +200,17 @@ SafetensorsFile::SafetensorsFile(const std::string& path, bool header_only) : pa
     in.seekg(0);
     in.read(reinterpret_cast<char*>(&hlen), 8);
     if (!in) throw IoError(fmt::format("{}: read failed", path));
-    const size_t keep = header_only ? size_t(8 + std::min<uint64_t>(hlen, size - 8)) : size;
+    // Checked before a byte more is read or allocated: a hostile length
+    // would otherwise size the buffer.
+    if (hlen > kMaxHeaderBytes || hlen > size - 8) {
+        throw IoError(fmt::format(
+            "{}: the header length at byte 0 declares {} bytes, but {} (the safetensors limit "
+            "is {} bytes, and the file has {} bytes after the length): not a safetensors file, "
+            "or truncated",
+            path, hlen, hlen > size - 8 ? "the file is shorter" : "that is over the limit",
+            kMaxHeaderBytes, size - 8));
+    }
+    const size_t keep = header_only ? size_t(8 + hlen) : size;
     bytes_.resize(keep);
     in.seekg(0);
     in.read(reinterpret_cast<char*>(bytes_.data()), std::streamsize(keep));
@@ -195,12 +224,6 @@ SafetensorsFile::SafetensorsFile(const std::string& path, bool header_only) : pa
             ::close(*p);
             delete p;
         });
-    }
-    if (hlen > size - 8 || hlen > (100u << 20)) {
-        throw IoError(
-            fmt::format("{}: header length {} at byte 0 exceeds the file ({} bytes): "
-                        "not a safetensors file, or truncated",
-                        path, hlen, size));
     }
     data_start_ = 8 + hlen;
     json header;
@@ -237,14 +260,16 @@ SafetensorsFile::SafetensorsFile(const std::string& path, bool header_only) : pa
                 throw IoError(fmt::format("data_offsets [{}] outside the {} data bytes",
                                           fmt::join(offs, ", "), data_size));
             }
-            uint64_t numel = 1;
-            for (int64_t d : e.shape) {
-                if (d < 0) throw IoError("negative dimension");
-                numel *= uint64_t(d);
+            uint64_t need = 0;
+            if (!tensor_bytes(e.shape, width, need)) {
+                throw IoError(fmt::format(
+                    "shape [{}] of {} has a negative dimension or needs more than 2^63 bytes",
+                    fmt::join(e.shape, ", "), e.dtype));
             }
-            if (numel * width != offs[1] - offs[0]) {
-                throw IoError(fmt::format("shape needs {} bytes but data_offsets span {}",
-                                          numel * width, offs[1] - offs[0]));
+            if (need != offs[1] - offs[0]) {
+                throw IoError(
+                    fmt::format("shape [{}] of {} needs {} bytes but data_offsets span {}",
+                                fmt::join(e.shape, ", "), e.dtype, need, offs[1] - offs[0]));
             }
             e.data = header_only ? nullptr : bytes_.data() + data_start_ + offs[0];
             e.nbytes = offs[1] - offs[0];

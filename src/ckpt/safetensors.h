@@ -21,6 +21,16 @@ struct TensorEntry {
     uint64_t file_offset = 0;  // when read: where its bytes start in the file
 };
 
+// The format's own bound on the JSON header (the Hugging Face reader
+// refuses more): a length read from a file is checked against it, and
+// against the file's size, before anything is allocated for it.
+constexpr uint64_t kMaxHeaderBytes = uint64_t(100) << 20;
+
+// Bytes a tensor of `shape` with elements of `width` bytes takes; false
+// when a dimension is negative or the product passes 2^63 (a corrupt or
+// hostile shape, whose wrapped product could pass any size check).
+bool tensor_bytes(const std::vector<int64_t>& shape, uint64_t width, uint64_t& bytes);
+
 // Size and xxh64 (seed 0) of a file's bytes: what checkpoints record per
 // file and check on load.
 struct FileDigest {

@@ -145,6 +145,20 @@ struct ImportArgs {
 };
 
 json read_json(const std::string& path) {
+    // config.json is small; a device or a huge file is refused unread.
+    constexpr uintmax_t kMaxConfigBytes = uintmax_t(16) << 20;
+    std::error_code ec;
+    const auto st = fs::status(path, ec);
+    if (fs::exists(st) && !fs::is_regular_file(st)) {
+        throw IoError(
+            fmt::format("{}: not a regular file (a device, pipe or directory, or a "
+                        "symlink to one): put the model's config.json there",
+                        path));
+    }
+    if (fs::exists(st) && fs::file_size(path, ec) > kMaxConfigBytes) {
+        throw IoError(fmt::format("{}: {} bytes, more than the {} bytes a config.json may have",
+                                  path, fs::file_size(path, ec), kMaxConfigBytes));
+    }
     std::ifstream in(path);
     if (!in) {
         throw IoError(

@@ -304,8 +304,38 @@ core::ModelSpec spec_from_config(const json& c, const std::string& where) {
     return s;
 }
 
+namespace {
+
+// An index lists one line per tensor: a few hundred KiB for the largest
+// models; read whole, so bounded.
+constexpr uintmax_t kMaxIndexBytes = uintmax_t(64) << 20;
+
+// A name that is there but is no regular file (a symlink to a device, a
+// directory, a pipe) is named as such, never as missing: a device would
+// give no size to check lengths against, or endless bytes.
+void refuse_if_not_regular(const fs::path& p) {
+    std::error_code ec;
+    const fs::file_status link = fs::symlink_status(p, ec);
+    if (!fs::exists(link)) return;
+    const fs::file_status target = fs::status(p, ec);
+    if (fs::is_regular_file(target)) return;
+    const std::string what = !fs::exists(target)        ? "a symlink to nothing"
+                             : fs::is_directory(target) ? "a directory"
+                             : fs::is_character_file(target) || fs::is_block_file(target)
+                                 ? "a device"
+                                 : "not a regular file";
+    throw IoError(fmt::format(
+        "{}: {}{}, not a regular file: put the weights file itself there", p.string(), what,
+        fs::is_symlink(link) ? fmt::format(" (a symlink to {})", fs::read_symlink(p, ec).string())
+                             : ""));
+}
+
+}  // namespace
+
 Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     const fs::path d(dir);
+    refuse_if_not_regular(d / kWeightsFile);
+    refuse_if_not_regular(d / kIndexFile);
     if (fs::is_regular_file(d / kWeightsFile)) {
         add_file(kWeightsFile);
         description_ = kWeightsFile;
@@ -319,6 +349,10 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
             pickle ? "; its pytorch_model.bin is a pickle, which apiary does not load: save the "
                      "model as safetensors (save_pretrained(DIR, safe_serialization=True))"
                    : ""));
+    }
+    if (fs::file_size(index) > kMaxIndexBytes) {
+        throw IoError(fmt::format("{}: {} bytes, more than the {} bytes an index may have", index,
+                                  fs::file_size(index), kMaxIndexBytes));
     }
     json j;
     try {
@@ -350,6 +384,7 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
 
 void Checkpoint::add_file(const std::string& file) {
     const std::string path = (fs::path(dir_) / file).string();
+    refuse_if_not_regular(path);
     files_.push_back(std::make_unique<ckpt::SafetensorsFile>(path, true));
     paths_.push_back(path);
     for (const auto& name : files_.back()->names()) {
@@ -381,6 +416,7 @@ std::vector<float> Checkpoint::read(const std::string& name,
             fmt::format("{}: tensor '{}' has shape [{}], but config.json describes [{}]", path,
                         name, fmt::join(e.shape, ", "), fmt::join(shape, ", ")));
     }
+    // The file's entry checked its shape against its bytes (no overflow).
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     std::vector<float> out(static_cast<size_t>(n));

@@ -7,6 +7,9 @@
 #include <fmt/ranges.h>
 
 #include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "cli/command.h"
 #include "core/error.h"
@@ -24,8 +27,9 @@ struct Options {
     std::string config_file, cluster_file;
     std::vector<std::string> sets;
     std::string model, gpus, calibration;
-    double tokens = -1;
-    long long global_batch = 0;
+    // Kept as typed and passed on as --set would pass them, so that the
+    // same values are refused with the same message.
+    std::string tokens, global_batch;
     bool json = false;
 };
 
@@ -54,13 +58,32 @@ core::Config resolve(const Options& o) {
         if (g.count > 0) sets.push_back(fmt::format("cluster.gpus={}", g.count));
         if (!g.device.empty()) sets.push_back("cluster.device=" + g.device);
     }
-    if (o.tokens >= 0) sets.push_back(fmt::format("plan.tokens={}", o.tokens));
-    if (o.global_batch > 0) sets.push_back(fmt::format("plan.global_batch={}", o.global_batch));
+    // Flag -> its --set form, for messages that name the flag the user typed.
+    std::vector<std::pair<std::string, std::string>> flags;
+    if (!o.tokens.empty()) flags.emplace_back("plan.tokens=" + o.tokens, "--tokens " + o.tokens);
+    if (!o.global_batch.empty()) {
+        flags.emplace_back("plan.global_batch=" + o.global_batch,
+                           "--global-batch " + o.global_batch);
+    }
+    for (const auto& [assignment, flag] : flags) sets.push_back(assignment);
     if (!o.calibration.empty()) sets.push_back("plan.calibration=" + o.calibration);
     sets.insert(sets.end(), o.sets.begin(), o.sets.end());
     core::Config cfg = load_config(o.config_file, {});
     if (!o.cluster_file.empty()) cfg.load_file(o.cluster_file);
-    for (const auto& s : sets) cfg.set(s);
+    for (const auto& s : sets) {
+        try {
+            cfg.set(s);
+        } catch (const ConfigError& e) {
+            for (const auto& [assignment, flag] : flags) {
+                const std::string as_set = "--set " + assignment;
+                const std::string what = e.what();
+                if (assignment == s && what.rfind(as_set, 0) == 0) {
+                    throw ConfigError(flag + what.substr(as_set.size()));
+                }
+            }
+            throw;
+        }
+    }
     return cfg;
 }
 
@@ -184,7 +207,13 @@ void setup(CLI::App& app) {
     s->add_option("--rank-by", rank_by, "time or cost")->check(CLI::IsMember({"time", "cost"}));
     s->add_option("--top", top, "how many layouts to show");
     s->add_flag("--vary-gpus", vary, "also try 1/2, 1/4, ... of the devices");
-    s->callback([] { run_search(search_opts, rank_by == "cost", top, vary); });
+    s->callback([] {
+        if (top < 1) {
+            throw ConfigError(
+                fmt::format("--top {}: the number of layouts to show must be at least 1", top));
+        }
+        run_search(search_opts, rank_by == "cost", top, vary);
+    });
 
     auto* cal = cmd->add_subcommand("calibrate", "fit device constants to measured runs");
     static std::vector<std::string> dirs, holdout;

@@ -50,8 +50,9 @@ void receive_loop(sigset_t set) {
         int none = 0;
         if (!g_signal.compare_exchange_strong(none, sig)) {
             std::fprintf(stderr,
-                         "\napiary: %s: a stop is already under way (the step finishes and a "
-                         "checkpoint is saved); SIGKILL ends the process without one\n",
+                         "\napiary: %s: a stop is already under way (the step or evaluation batch "
+                         "finishes and a checkpoint is saved); SIGKILL ends the process "
+                         "without one\n",
                          strsignal(sig));
         }
     }

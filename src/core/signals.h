@@ -22,10 +22,11 @@ void block_stop_signals();
 void start_signal_thread();
 
 // From now on a stop signal only requests a stop (stop_requested()), which
-// the caller honours at a safe point: `apiary train` finishes the step and
-// saves a checkpoint. Further signals while a stop is pending are noted and
-// otherwise ignored, so that the checkpoint is never cut short by a second
-// delivery (srun and mpirun may forward the same signal the process got).
+// the caller honours at a safe point: `apiary train` finishes the step (or
+// the evaluation batch, dropping that evaluation) and saves a checkpoint.
+// Further signals while a stop is pending are noted and otherwise ignored,
+// so that the checkpoint is never cut short by a second delivery (srun and
+// mpirun may forward the same signal the process got).
 void enable_graceful_stop();
 
 // Unblocks the stop signals in the calling thread: before exec'ing another

@@ -36,6 +36,53 @@ std::string unusable_input(const std::string& path) {
     return "";
 }
 
+std::string read_file(const std::string& path, uint64_t max_bytes, const char* what) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const auto st = fs::status(path, ec);
+    if (fs::is_character_file(st) || fs::is_block_file(st) || fs::is_directory(st)) {
+        throw IoError(
+            fmt::format("{} '{}' is not a regular file (a device or directory, or a "
+                        "symlink to one): give the file itself",
+                        what, path));
+    }
+    auto too_big = [&](const std::string& size) {
+        return IoError(
+            fmt::format("{} '{}' has {} bytes, more than the {} bytes a {} may have: "
+                        "not a {}, or damaged",
+                        what, path, size, max_bytes, what, what));
+    };
+    if (fs::is_regular_file(st)) {
+        const uint64_t size = fs::file_size(path, ec);
+        if (!ec && size > max_bytes) throw too_big(std::to_string(size));
+    }
+    // A pipe has no size: it is read up to the bound.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        throw IoError(fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
+    }
+    std::string out;
+    char buf[1 << 16];
+    for (;;) {
+        const ssize_t n = ::read(fd, buf, sizeof(buf));
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            const int e = errno;
+            ::close(fd);
+            throw IoError(
+                fmt::format("cannot read '{}' at byte {}: {}", path, out.size(), std::strerror(e)));
+        }
+        if (n == 0) break;
+        out.append(buf, static_cast<size_t>(n));
+        if (out.size() > max_bytes) {
+            ::close(fd);
+            throw too_big("more than " + std::to_string(max_bytes));
+        }
+    }
+    ::close(fd);
+    return out;
+}
+
 std::string read_file(const std::string& path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {

@@ -9,6 +9,14 @@ namespace apiary::data {
 
 // Whole file; IoError naming the path when it cannot be read.
 std::string read_file(const std::string& path);
+// The same for a file whose size is not known in advance (a manifest, a
+// tokenizer), bounded: a device or directory is refused unread, a regular
+// file over max_bytes too, and a pipe is read up to max_bytes. `what`
+// names it in the message ("manifest").
+std::string read_file(const std::string& path, uint64_t max_bytes, const char* what);
+// Sane bounds on what data/ reads whole.
+inline constexpr uint64_t kMaxManifestBytes = uint64_t(256) << 20;
+inline constexpr uint64_t kMaxTokenizerBytes = uint64_t(256) << 20;
 // Writes to `path.tmp`, fsyncs, renames over `path`, fsyncs the directory: a
 // reader sees either the old file or the complete new one, never a prefix.
 void write_file_atomic(const std::string& path, std::string_view data);

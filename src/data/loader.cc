@@ -69,6 +69,12 @@ void Loader::open_sources() {
     for (const auto& spec : opt_.sources) {
         Source src;
         const bool remote = is_url(spec.path);
+        if (const size_t colon = spec.path.find("://"); !remote && colon != std::string::npos) {
+            throw ConfigError(fmt::format(
+                "data source '{}': the scheme '{}' is not supported; a source is a local "
+                "directory (or its manifest.json), an http:// or https:// URL, or an s3:// URL",
+                spec.path, spec.path.substr(0, colon)));
+        }
         if (remote && !cache) cache = std::make_unique<ShardCache>(opt_.remote);
         src.manifest = remote ? cache->manifest(spec.path) : Manifest::load(spec.path);
         const auto& m = src.manifest;

@@ -178,7 +178,7 @@ std::string ShardCache::fetch_text(const std::string& url) const {
         std::string body, error;
         Sink sink;
         sink.text = &body;
-        sink.limit = 1u << 30;
+        sink.limit = kMaxManifestBytes;  // a manifest (the only text fetched)
         const auto [rc, status] = http_get(t, "", sink, opt_.connect_timeout_s, &error);
         if (rc == CURLE_OK && status == 200) return body;
         if (rc == CURLE_OK) throw IoError(status_message(t, status, sink.error_body, ""));
@@ -260,6 +260,13 @@ std::string ShardCache::get(const std::string& url, uint64_t bytes, const std::s
     if (fs::exists(path) && fs::file_size(path) == bytes) {
         ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // most recently used now
         return path.string();
+    }
+    if (bytes > opt_.cache_bytes) {
+        // Checked before the cache is emptied for it or a byte downloaded.
+        throw DataError(fmt::format(
+            "shard '{}': the manifest gives it {} bytes, more than the whole shard cache ({} "
+            "bytes, data.cache_mb): raise data.cache_mb, or the manifest is damaged",
+            url, bytes, opt_.cache_bytes));
     }
     const RemoteTarget t = target(url);
     make_room(bytes);

@@ -104,6 +104,15 @@ S3Location parse_s3_url(const std::string& url) {
 }
 
 std::string s3_http_url(const std::string& endpoint, const S3Location& location) {
+    if (const size_t colon = endpoint.find("://"); colon != std::string::npos &&
+                                                   endpoint.rfind("http://", 0) != 0 &&
+                                                   endpoint.rfind("https://", 0) != 0) {
+        throw ConfigError(fmt::format(
+            "S3 endpoint '{}': the scheme '{}' is not supported; an S3 endpoint is an "
+            "http:// or https:// URL (data sources are http(s):// or s3:// URLs, or local "
+            "directories)",
+            endpoint, endpoint.substr(0, colon)));
+    }
     if (endpoint.rfind("http://", 0) != 0 && endpoint.rfind("https://", 0) != 0) {
         throw ConfigError(
             fmt::format("S3 endpoint '{}' needs a scheme: write http://{} or https://{}", endpoint,

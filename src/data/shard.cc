@@ -281,6 +281,13 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& source)
         const std::string dtype = j.at("token_dtype").get<std::string>();
         if (dtype != "uint16" && dtype != "uint32") throw bad("token_dtype '" + dtype + "'");
         m.token_bytes = dtype == "uint16" ? 2 : 4;
+        // The vocabulary sizes the trainer's embedding and the unigram
+        // baseline: a hostile count must not size them.
+        const uint64_t max_vocab = m.token_bytes == 2 ? uint64_t(1) << 16 : kMaxVocabSize;
+        if (m.vocab_size == 0 || m.vocab_size > max_vocab) {
+            throw bad(fmt::format("tokenizer.vocab_size {} is outside [1, {}] for {} tokens",
+                                  m.vocab_size, max_vocab, dtype));
+        }
         const auto& list = j.at("shards");
         if (!list.is_array()) throw bad("'shards' is not an array");
         std::map<std::string, size_t> seen;
@@ -293,6 +300,20 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& source)
             s.documents = e.at("documents").get<uint64_t>();
             s.bytes = e.at("bytes").get<uint64_t>();
             s.xxh64 = e.at("xxh64").get<std::string>();
+            // The byte count sizes a download (remote sources) before the
+            // shard's own header can be checked: it must be what the token
+            // and document counts make, computed without overflow.
+            uint64_t tok_bytes = 0, doc_bytes = 0, want = 0;
+            if (__builtin_mul_overflow(s.tokens, uint64_t(m.token_bytes), &tok_bytes) ||
+                __builtin_mul_overflow(s.documents, uint64_t(8), &doc_bytes) ||
+                __builtin_add_overflow(tok_bytes, doc_bytes, &want) ||
+                __builtin_add_overflow(want, uint64_t(kShardHeaderBytes), &want) ||
+                want != s.bytes) {
+                throw bad(fmt::format(
+                    "shards[{}] ('{}'): bytes {} is not what {} tokens of {} bytes and {} "
+                    "documents take (the {}-byte header, the tokens, 8 bytes per document)",
+                    i, s.file, s.bytes, s.tokens, m.token_bytes, s.documents, kShardHeaderBytes));
+            }
             if (s.file.empty() || s.file.find("..") != std::string::npos || s.file[0] == '/') {
                 throw bad(
                     fmt::format("shards[{}].file '{}' must be a plain name in the "
@@ -331,9 +352,11 @@ Manifest Manifest::load(const std::string& dir_or_file) {
     }
     nlohmann::json j;
     try {
-        j = nlohmann::json::parse(read_file(file));
+        j = nlohmann::json::parse(read_file(file, kMaxManifestBytes, "manifest"));
     } catch (const nlohmann::json::parse_error& e) {
         throw DataError(fmt::format("manifest '{}': not valid JSON at byte {}", file, e.byte));
+    } catch (const IoError& e) {
+        throw DataError(e.what());
     }
     Manifest m = from_json(j, file);
     const auto parent = fs::path(file).parent_path();

@@ -18,6 +18,9 @@ namespace apiary::data {
 inline constexpr char kShardMagic[8] = {'A', 'P', 'I', 'A', 'R', 'Y', 'T', 'K'};
 inline constexpr uint32_t kShardVersion = 1;
 inline constexpr size_t kShardHeaderBytes = 64;
+// The largest vocabulary a manifest may declare for uint32 tokens: batches
+// hold tokens as int32.
+inline constexpr uint64_t kMaxVocabSize = uint64_t(1) << 31;
 
 struct ShardHeader {
     char magic[8];

@@ -217,10 +217,13 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, const std::string& so
     }
 }
 
-Tokenizer Tokenizer::load(const std::string& path) { return from_json_text(read_file(path), path); }
+Tokenizer Tokenizer::load(const std::string& path) {
+    return from_json_text(read_file(path, kMaxTokenizerBytes, "tokenizer file"), path);
+}
 
 Tokenizer Tokenizer::load_gpt2(const std::string& vocab_json, const std::string& merges_txt) {
-    const nlohmann::json j = parse_json(read_file(vocab_json), vocab_json);
+    const nlohmann::json j =
+        parse_json(read_file(vocab_json, kMaxTokenizerBytes, "vocabulary file"), vocab_json);
     if (!j.is_object()) bad(vocab_json, "expected a JSON object of token -> id");
     std::vector<std::pair<std::string, int64_t>> vocab;
     std::vector<std::pair<std::string, uint32_t>> specials;
@@ -234,7 +237,7 @@ Tokenizer Tokenizer::load_gpt2(const std::string& vocab_json, const std::string&
             vocab.emplace_back(token_from_json(tok, vocab_json, "vocab"), id.get<int64_t>());
         }
     }
-    const std::string text = read_file(merges_txt);
+    const std::string text = read_file(merges_txt, kMaxTokenizerBytes, "merges file");
     std::vector<std::pair<std::string, std::string>> merges;
     size_t line_no = 0;
     for (size_t pos = 0; pos < text.size();) {

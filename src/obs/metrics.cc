@@ -234,8 +234,14 @@ MetricsServer::MetricsServer(const std::string& address, int port, int rank, con
     state_->start_unix_s = unix_now();
     const std::string where = fmt::format("{}:{}", address, port);
     try {
-        // Two server threads: a scrape never waits for another.
-        exposer_ = std::make_unique<prometheus::Exposer>(where, 2);
+        // CivetWeb serves one connection per thread and, by default, waits
+        // 30 s for a request that does not come: two idle clients holding a
+        // half-sent request each made /metrics unreachable for that long. A
+        // short read timeout frees such a thread soon, and spare threads
+        // keep scrapes answered meanwhile.
+        exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+            "listening_ports", where, "num_threads", std::to_string(kMetricsThreads),
+            "request_timeout_ms", std::to_string(kMetricsRequestTimeoutMs)});
     } catch (const std::exception& e) {
         throw IoError(
             fmt::format("cannot serve metrics on {} ({}): the port is in use or the "

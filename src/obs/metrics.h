@@ -42,6 +42,11 @@ struct StepValues {
     int job_health = 0;    // the worst rank
 };
 
+// The metrics endpoint's worker threads (each serves one connection at a
+// time) and how long one waits for a client to send or read.
+inline constexpr int kMetricsThreads = 8;
+inline constexpr int kMetricsRequestTimeoutMs = 2000;
+
 class MetricsServer {
   public:
     // Binds address:port at once. Throws IoError with a clear message if

@@ -28,6 +28,13 @@ int64_t unix_ns() {
 
 }  // namespace
 
+Mfu model_flops_utilisation(double flops, double seconds, double peak_flops, int ranks) {
+    if (!(seconds > 0) || !(peak_flops > 0) || ranks < 1) return {};
+    const double raw = flops / seconds / peak_flops / double(ranks);
+    if (raw > 1.0) return {1.0, true};
+    return {raw, false};
+}
+
 RunObserver::RunObserver(const core::Config& c, comm::ProcessGroup* world, double peak_flops,
                          Log log)
     : mo_(MetricsOptions::from_config(c)),
@@ -167,7 +174,7 @@ AfterStep RunObserver::after_step(const StepReport& r) {
         v.loss = r.loss;
         v.tokens_per_s = r.step_s > 0 ? r.tokens / r.step_s : 0;
         v.step_s = r.step_s;
-        v.mfu = r.step_s > 0 && peak_ > 0 ? r.flops / r.step_s / peak_ / world_size_ : 0;
+        v.mfu = model_flops_utilisation(r.flops, r.step_s, peak_, world_size_).value;
         v.grad_norm = r.grad_norm;
         v.lr = r.lr;
         v.loss_scale = r.loss_scale;

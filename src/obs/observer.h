@@ -28,6 +28,17 @@ class Config;
 
 namespace apiary::obs {
 
+// Model FLOPs utilisation: the model FLOPs done in `seconds` over `ranks`
+// times one rank's matmul peak. The peak is measured once, at start; when
+// the cores were busier then than later (other processes, a clock that rose
+// since) the ratio passes 1, which no run reaches: it is capped at 1 and
+// `capped` says so (the run's line and metrics.jsonl show it).
+struct Mfu {
+    double value = 0;
+    bool capped = false;
+};
+Mfu model_flops_utilisation(double flops, double seconds, double peak_flops, int ranks);
+
 // What the trainer knows after a step.
 struct StepReport {
     int64_t step = 0;  // 1-based

@@ -54,8 +54,21 @@ std::string axes(const Frame& f, const std::vector<double>& xt, const std::vecto
     return s;
 }
 
+// The loss chart also draws each run's held-out loss (the table reports
+// its best): dashed, with a dot per evaluation, on the same axes.
+bool with_eval(Metric m) { return m == Metric::loss; }
+
 std::string chart(const std::vector<RunSeries>& runs, Metric m) {
-    const Extent e = metric_extent(runs, m);
+    Extent e = metric_extent(runs, m);
+    if (with_eval(m)) {
+        for (const auto& r : runs) {
+            for (size_t i = 0; i < r.eval_loss.size(); ++i) {
+                if (!std::isfinite(r.eval_loss[i])) continue;
+                e.x0 = std::min(e.x0, r.eval_step[i]), e.x1 = std::max(e.x1, r.eval_step[i]);
+                e.y0 = std::min(e.y0, r.eval_loss[i]), e.y1 = std::max(e.y1, r.eval_loss[i]);
+            }
+        }
+    }
     if (e.empty()) return "";
     const double x0 = e.x0, x1 = e.x1, y0 = e.y0, y1 = e.y1, scale = e.scale;
     const auto yt = nice_ticks(y0, y1, 5);
@@ -68,7 +81,8 @@ std::string chart(const std::vector<RunSeries>& runs, Metric m) {
         "<svg class='chart' xmlns='http://www.w3.org/2000/svg' width='{}' height='{}' "
         "font-family='sans-serif'>\n",
         f.width, f.height);
-    s += axes(f, xt, yt, metric_title(m));
+    s += axes(f, xt, yt,
+              with_eval(m) ? "loss (nats/token): training, held-out dashed" : metric_title(m));
     for (size_t k = 0; k < runs.size(); ++k) {
         const auto& v = metric_values(runs[k], m);
         std::string pts;
@@ -83,6 +97,21 @@ std::string chart(const std::vector<RunSeries>& runs, Metric m) {
         if (v.size() == 1 && std::isfinite(v[0])) {
             s += fmt::format("<circle cx='{:.1f}' cy='{:.1f}' r='4' fill='{}'/>\n",
                              f.px(runs[k].step[0]), f.py(v[0] * scale), kColors[k % 8]);
+        }
+        if (with_eval(m) && !runs[k].eval_loss.empty()) {
+            std::string eval_pts, dots;
+            for (size_t i = 0; i < runs[k].eval_loss.size(); ++i) {
+                const double x = runs[k].eval_step[i], y = runs[k].eval_loss[i];
+                if (!std::isfinite(y)) continue;
+                eval_pts += fmt::format("{:.1f},{:.1f} ", f.px(x), f.py(y));
+                dots +=
+                    fmt::format("<circle class='eval' cx='{:.1f}' cy='{:.1f}' r='3.5' fill='{}'/>",
+                                f.px(x), f.py(y), kColors[k % 8]);
+            }
+            s += fmt::format(
+                "<polyline class='series eval' points='{}' fill='none' stroke='{}' "
+                "stroke-width='2' stroke-dasharray='6 4'/>\n{}\n",
+                eval_pts, kColors[k % 8], dots);
         }
         // The legend runs along the top, right of the title, off the lines.
         const double lx = f.width - f.right - 110 * double(runs.size() - k);

@@ -123,6 +123,19 @@ void write_trace_file(const std::string& path, const TraceMeta& m,
 }
 
 RankTrace read_trace(const std::string& path) {
+    // Read whole and parsed in memory: a device (endless) or a file far
+    // larger than any rank writes is refused first.
+    std::error_code ec;
+    const auto st = fs::status(path, ec);
+    if (fs::exists(st) && !fs::is_regular_file(st)) {
+        bad(path, "not a regular file (a device, pipe or directory, or a symlink to one)");
+    }
+    if (const uint64_t size = fs::exists(st) ? fs::file_size(path, ec) : 0;
+        !ec && size > kMaxTraceFileBytes) {
+        bad(path, fmt::format("{} bytes, more than the {} bytes a rank's trace may have (trace "
+                              "fewer steps, profile.steps); not an apiary trace, or damaged",
+                              size, kMaxTraceFileBytes));
+    }
     std::ifstream in(path, std::ios::binary);
     if (!in) throw IoError(fmt::format("{}: cannot open for reading", path));
     std::stringstream ss;

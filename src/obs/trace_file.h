@@ -48,6 +48,9 @@ struct RankTrace {
     std::vector<TraceSpan> spans;        // sorted by begin, longest first
 };
 
+// The largest rank trace read_trace accepts (it is parsed in memory).
+inline constexpr uint64_t kMaxTraceFileBytes = uint64_t(1) << 30;
+
 // Reads and checks one rank's file; DataError naming the file and what is
 // wrong (not JSON, truncated, not an apiary trace, a malformed event).
 RankTrace read_trace(const std::string& path);

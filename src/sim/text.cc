@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -153,11 +154,36 @@ std::string closest(const std::string& name, const std::vector<std::string>& nam
 }
 
 std::string read_text_file(const std::string& path, const char* what) {
+    // Read whole, so bounded: a device (/dev/zero is endless) or a directory
+    // is refused unread, and a file or pipe stops at kMaxBytes.
+    namespace fs = std::filesystem;
+    constexpr uint64_t kMaxBytes = uint64_t(1) << 30;
+    std::error_code ec;
+    const auto st = fs::status(path, ec);
+    if (fs::is_character_file(st) || fs::is_block_file(st) || fs::is_directory(st)) {
+        throw IoError(
+            fmt::format("{}: '{}' is not a regular file (a device or directory, or a "
+                        "symlink to one)",
+                        what, path));
+    }
+    if (fs::is_regular_file(st) && fs::file_size(path, ec) > kMaxBytes) {
+        throw IoError(
+            fmt::format("{}: '{}' has {} bytes, more than the {} bytes apiary reads as "
+                        "one {}",
+                        what, path, fs::file_size(path, ec), kMaxBytes, what));
+    }
     std::ifstream in(path, std::ios::binary);
     if (!in) throw IoError(fmt::format("{}: cannot read '{}'", what, path));
-    std::ostringstream s;
-    s << in.rdbuf();
-    return s.str();
+    std::string text;
+    std::vector<char> buf(size_t(1) << 16);
+    while (in.read(buf.data(), std::streamsize(buf.size())) || in.gcount() > 0) {
+        text.append(buf.data(), size_t(in.gcount()));
+        if (text.size() > kMaxBytes) {
+            throw IoError(fmt::format("{}: '{}' has more than the {} bytes apiary reads as one {}",
+                                      what, path, kMaxBytes, what));
+        }
+    }
+    return text;
 }
 
 }  // namespace apiary::sim

@@ -149,7 +149,9 @@ Trainer::Trainer(const core::Config& c, const TrainOptions& o, const TrainData& 
       log_(engine_.main_rank()),
       obs_(std::make_unique<obs::RunObserver>(
           c, world, peak_, [this](const std::string& line) { log_.say(line); })),
-      spikes_(o.spike_zscore, o.spike_window) {}
+      spikes_(o.spike_zscore, o.spike_window) {
+    check_eval_batches();
+}
 
 std::unique_ptr<data::Loader> Trainer::make_loader(const std::string& split) const {
     auto lo = data::LoaderOptions::from_config(c_, coord_.dp, layout_.dp(), split);
@@ -198,7 +200,13 @@ TrainSummary Trainer::run(bool append_metrics) {
         window_.add(s.result.loss(), s.dt, tokens,
                     double(tokens) * spec_.train_flops_per_token(int(s.batch->T)));
         const bool last = step + 1 == o_.steps;
-        maybe_evaluate(step + 1, last);
+        if (!maybe_evaluate(step + 1, last)) {
+            // A stop during the evaluation, agreed by every rank: it is
+            // dropped (no record) and the stop checkpoint follows at once.
+            stop = true;
+            ++step;
+            continue;
+        }
         maybe_log(step + 1, s, last);
         maybe_checkpoint(step + 1, last);
         ++step;
@@ -283,25 +291,30 @@ bool Trainer::check_step(int64_t step, const StepOutcome& s) {
     return false;
 }
 
-void Trainer::maybe_evaluate(int64_t done, bool last) {
-    if (!last && !(o_.eval_every > 0 && done % o_.eval_every == 0)) return;
-    last_eval_ = evaluate();
+bool Trainer::maybe_evaluate(int64_t done, bool last) {
+    if (!last && !(o_.eval_every > 0 && done % o_.eval_every == 0)) return true;
+    const std::optional<double> eval = evaluate();
+    if (!eval) return false;
+    last_eval_ = *eval;
     obs_->eval_done(last_eval_);
     write_metrics({{"step", done}, {"eval_loss", last_eval_}});
+    return true;
 }
 
 void Trainer::maybe_log(int64_t done, const StepOutcome& s, bool last) {
     if (done % o_.log_every != 0 && !last) return;
     const double tps = window_.tokens_per_s();
     // Over all ranks' peaks: the world's share of model FLOPs.
-    const double mfu = window_.flops / window_.time_s / peak_ / double(engine_.world_size());
+    const obs::Mfu mfu =
+        obs::model_flops_utilisation(window_.flops, window_.time_s, peak_, engine_.world_size());
     const double eta = double(o_.steps - done) * window_.step_time();
     json rec = step_record(done - 1, s.result, s.lr);
     rec["step"] = done;
     rec["loss"] = window_.mean_loss();
     rec["step_time_s"] = window_.step_time();
     rec["tokens_per_s"] = tps;
-    rec["mfu"] = mfu;
+    rec["mfu"] = mfu.value;
+    if (mfu.capped) rec["mfu_capped"] = true;
     rec["elapsed_s"] = seconds_since(t_start_);
     // Which tokens the step trained on (this rank's windows): runs that
     // must see the same data compare these.
@@ -321,11 +334,15 @@ void Trainer::maybe_log(int64_t done, const StepOutcome& s, bool last) {
     const auto& scaler = engine_.loss_scaler();
     const std::string scale_part =
         scaler.enabled() ? fmt::format(" | scale {:g}", scaler.scale()) : "";
+    // Above 100%, the peak measured at start was low (the cores were busier
+    // then): capped, and said so.
+    const std::string mfu_part =
+        mfu.capped ? "MFU 100% (capped: the matmul peak measured at start was low)"
+                   : fmt::format("MFU {:.1f}%", 100.0 * mfu.value);
     const bool tty = ::isatty(STDOUT_FILENO);
-    say("{}step {:>{}}/{} | loss {:.4f}{} | lr {:.2e}{} | {} tok/s | MFU {:.1f}% | ETA {}{}",
-        line_start(), done, int(std::to_string(o_.steps).size()), o_.steps, window_.mean_loss(),
-        eval_part, s.lr, scale_part, format_rate(tps), 100.0 * mfu, format_duration(eta),
-        tty && !last ? "" : "\n");
+    say("{}step {:>{}}/{} | loss {:.4f}{} | lr {:.2e}{} | {} tok/s | {} | ETA {}{}", line_start(),
+        done, int(std::to_string(o_.steps).size()), o_.steps, window_.mean_loss(), eval_part, s.lr,
+        scale_part, format_rate(tps), mfu_part, format_duration(eta), tty && !last ? "" : "\n");
     std::fflush(stdout);
     summary_.final_train_loss = window_.mean_loss();
     summary_.tokens_per_s = tps;
@@ -339,17 +356,17 @@ void Trainer::maybe_checkpoint(int64_t done, bool last) {
 }
 
 TrainSummary Trainer::finish(int64_t step, bool stop) {
-    if (stop) {
-        if (!summary_.health_stop.empty()) {
-            say("\nstopping after step {} for health ({}): saving a checkpoint (move the job, "
-                "then `apiary train --resume {}`)\n",
-                step, summary_.health_stop, o_.run_dir);
-        } else {
-            say("\ninterrupted after step {}: saving a checkpoint (resume with `apiary train "
-                "--resume {}`)\n",
-                step, o_.run_dir);
-        }
-        last_eval_ = evaluate();
+    if (stop && !summary_.health_stop.empty()) {
+        say("\nstopping after step {} for health ({}): saving a checkpoint (move the job, "
+            "then `apiary train --resume {}`)\n",
+            step, summary_.health_stop, o_.run_dir);
+        last_eval_ = evaluate().value_or(last_eval_);
+    } else if (stop) {
+        // A stop signal asks for the checkpoint now: no evaluation first
+        // (the loss reported is the last one measured, if any).
+        say("\ninterrupted after step {}: saving a checkpoint (resume with `apiary train "
+            "--resume {}`)\n",
+            step, o_.run_dir);
     }
     TrainSummary& summary = summary_;
     summary.steps = step;
@@ -375,9 +392,11 @@ TrainSummary Trainer::finish(int64_t step, bool stop) {
         data_.bytes_per_token > 0
             ? fmt::format(", {:.3f} bits/byte", last_eval_ / std::log(2.0) / data_.bytes_per_token)
             : "";
-    say("done: {} steps in {}, val loss {:.4f} nats/token{} (unigram {:.4f}), peak memory "
-        "{:.1f} MiB; checkpoint {}\n",
-        step, format_duration(seconds_since(t_start_)), last_eval_, per_byte, summary.unigram_loss,
+    const std::string val_part =
+        std::isnan(last_eval_) ? "val loss not measured (stopped before an evaluation finished)"
+                               : fmt::format("val loss {:.4f} nats/token{}", last_eval_, per_byte);
+    say("done: {} steps in {}, {} (unigram {:.4f}), peak memory {:.1f} MiB; checkpoint {}\n", step,
+        format_duration(seconds_since(t_start_)), val_part, summary.unigram_loss,
         double(mem.total_peak) / 1048576.0, summary.checkpoint_dir);
     obs_->finish();
     if (metrics_ && metrics_->lost() > 0) {
@@ -527,19 +546,90 @@ void Trainer::note_save() {
     if (o_.ckpt_every_auto) ckpt_every_ = every;
 }
 
-double Trainer::evaluate() {
+namespace {
+
+// Whether some rank asked to stop, decided between evaluation batches with no
+// wait of its own: the vote cast before batch i is reduced while batch i
+// computes and read before batch i + 1. Every rank reads the same sum at the
+// same batch (a signal reaches the ranks at different moments), so they all
+// leave together; the price is one batch of delay. One rank asks itself.
+class StopVote {
+  public:
+    explicit StopVote(comm::ProcessGroup* world)
+        : world_(world && world->size() > 1 ? world : nullptr) {}
+    ~StopVote() {
+        // Left by an error in the evaluation: peers may never join the call,
+        // so it is not waited for, and its 8 bytes are left to it.
+        if (pending_) (void)votes_.release();
+    }
+    StopVote(const StopVote&) = delete;
+    StopVote& operator=(const StopVote&) = delete;
+
+    // True on every rank at the same call once any rank has asked to stop.
+    bool stop_agreed() {
+        if (!world_) return core::stop_requested();
+        if (pending_) {
+            finish();
+            if (*votes_ > 0) return true;
+        }
+        *votes_ = core::stop_requested() ? 1 : 0;
+        pending_ = world_->all_reduce(votes_.get(), 1, core::DType::i64, comm::ReduceOp::sum,
+                                      {"eval_stop", 0});
+        return false;
+    }
+    // Completes the vote in flight (every rank has issued it).
+    void finish() {
+        if (!pending_) return;
+        pending_->wait();
+        pending_.reset();
+    }
+
+  private:
+    comm::ProcessGroup* world_;
+    std::unique_ptr<int64_t> votes_ = std::make_unique<int64_t>(0);
+    comm::WorkHandle pending_;
+};
+
+}  // namespace
+
+// The held-out loss over train.eval_batches batches; nullopt when a stop was
+// requested during it (every rank gives up at the same batch).
+std::optional<double> Trainer::evaluate() {
     APIARY_TRACE("eval", core::trace::Kind::eval);
     model::LossResult local;
     val_data_->restore(val_start_);
+    StopVote vote(engine_.world());
     for (int64_t i = 0; i < o_.eval_batches; ++i) {
+        if (vote.stop_agreed()) return std::nullopt;
         const data::Batch& b = val_data_->next_batch();
         const auto r = engine_.evaluate(b.tokens.data(), b.B, b.T);
         local.loss_sum += r.loss_sum;
         local.count += r.count;
     }
+    // A stop asked during the last batch is taken by the next step's vote.
+    vote.finish();
     const double loss = engine_.sum_over_world(local.loss_sum);
     const int64_t count = engine_.sum_over_world(local.count);
     return loss / double(std::max<int64_t>(1, count));
+}
+
+// train.eval_batches against the distinct batches of the val split.
+void Trainer::check_eval_batches() const {
+    // Windows past the split's end come round again: more batches measure
+    // the same text and only take longer (with a huge count, ignoring stop
+    // signals for hours before evaluations could be cut short).
+    uint64_t windows = 0;
+    for (size_t s = 0; s < val_data_->num_sources(); ++s)
+        windows += val_data_->samples_in_source(s);
+    const int64_t per_batch = o_.batch_size * layout_.dp();
+    const int64_t distinct = std::max<int64_t>(1, int64_t(windows) / per_batch);
+    if (o_.eval_batches <= distinct) return;
+    throw ConfigError(fmt::format(
+        "train.eval_batches = {}: the held-out (val) split of {} has {} windows of {} tokens, "
+        "{} distinct batches of {} windows (train.batch_size {} x {} data-parallel ranks); set "
+        "train.eval_batches to at most {}, or hold out more text (data.val_fraction)",
+        o_.eval_batches, data_.description, windows, o_.seq_len + 1, distinct, per_batch,
+        o_.batch_size, layout_.dp(), distinct));
 }
 
 void Trainer::restore_data(const CheckpointRef& ck) {

@@ -128,7 +128,8 @@ class Trainer {
     std::optional<int64_t> maybe_roll_back(int64_t step, const StepOutcome& s);
     // Throws on divergence; true when the observer asks to stop for health.
     bool check_step(int64_t step, const StepOutcome& s);
-    void maybe_evaluate(int64_t done, bool last);
+    // False when a stop signal cut the evaluation short.
+    bool maybe_evaluate(int64_t done, bool last);
     void maybe_log(int64_t done, const StepOutcome& s, bool last);
     void maybe_checkpoint(int64_t done, bool last);
     TrainSummary finish(int64_t step, bool stop);
@@ -136,7 +137,8 @@ class Trainer {
     // ---- what the parts use ----
     std::unique_ptr<data::Loader> make_loader(const std::string& split) const;
     const data::Batch& next_batch(int64_t step);
-    double evaluate();
+    std::optional<double> evaluate();
+    void check_eval_batches() const;
     double unigram_entropy() const;
     void restore_data(const CheckpointRef& ck);
     void print_banner(double unigram);

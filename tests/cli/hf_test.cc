@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -520,3 +521,63 @@ TEST_F(HfImport, ExportRefusesAForeignDirectoryAndFormat) {
     r = run_command(cmd + " --format onnx --out " + out.string());
     EXPECT_EQ(r.exit_code, 2) << r.output;
 }
+
+namespace {
+
+// Hostile files in a Hugging Face folder, without torch: a weights file
+// that is a symlink to a device, a config.json that is one, a safetensors
+// header claiming 6e9 bytes.
+class HfHostile : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        dir_ = fs::temp_directory_path() / ("apiary_hf_hostile_" + std::to_string(::getpid()));
+        fs::remove_all(dir_);
+        fs::create_directories(dir_ / "hf");
+        std::ofstream(dir_ / "hf" / "config.json")
+            << R"({"model_type": "gpt2", "vocab_size": 257, "n_positions": 32, "n_embd": 48,
+                   "n_layer": 1, "n_head": 3})";
+    }
+    void TearDown() override { fs::remove_all(dir_); }
+    // The output of an import that must fail, leaving no run directory.
+    std::string import_error() const {
+        const fs::path run = dir_ / "run";
+        const auto r = run_command(apiary_bin() + " ckpt import " + (dir_ / "hf").string() +
+                                   " --out " + run.string() + " --set data.tokenizer=byte 2>&1");
+        EXPECT_EQ(r.exit_code, 1) << r.output;
+        EXPECT_FALSE(fs::exists(run)) << r.output;
+        return r.output;
+    }
+    fs::path dir_;
+};
+
+TEST_F(HfHostile, WeightsThatAreASymlinkToADeviceAreNotCalledMissing) {
+    const fs::path w = dir_ / "hf" / "model.safetensors";
+    fs::create_symlink("/dev/zero", w);
+    const std::string out = import_error();
+    EXPECT_NE(out.find(w.string() + ": a device (a symlink to /dev/zero), not a regular file"),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(out.find("no model.safetensors"), std::string::npos) << out;
+}
+
+TEST_F(HfHostile, AConfigThatIsADeviceIsRefusedUnread) {
+    fs::remove(dir_ / "hf" / "config.json");
+    fs::create_symlink("/dev/zero", dir_ / "hf" / "config.json");
+    const std::string out = import_error();
+    EXPECT_NE(out.find("config.json: not a regular file"), std::string::npos) << out;
+}
+
+TEST_F(HfHostile, AHugeHeaderLengthIsRefusedWithTheLimit) {
+    const fs::path w = dir_ / "hf" / "model.safetensors";
+    std::string bytes(100, ' ');
+    const uint64_t hlen = 6000000000ull;
+    std::memcpy(bytes.data(), &hlen, 8);
+    std::ofstream(w, std::ios::binary) << bytes;
+    const std::string out = import_error();
+    EXPECT_NE(out.find(w.string() + ": the header length at byte 0 declares 6000000000 bytes"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("limit is 104857600 bytes"), std::string::npos) << out;
+}
+
+}  // namespace

@@ -84,3 +84,98 @@ TEST(Signals, LaunchTurnsAStopIntoACheckpointOnEveryRank) {
     }
     fs::remove_all(dir);
 }
+
+namespace {
+
+// A run whose evaluation is long: a model of ~10M parameters on one thread,
+// every held-out window of half the corpus evaluated after step 2 (about
+// 30000 forward passes of 64 tokens: many minutes of work on any CPU).
+std::string long_eval_run(const fs::path& run, int eval_batches) {
+    return " train --set run.dir=" + run.string() +
+           " --set data.tokenizer=byte --set data.val_fraction=0.5"
+           " --set model.n_layer=6 --set model.n_embd=384 --set model.n_head=6"
+           " --set train.threads=1 --set train.batch_size=1 --set train.seq_len=64"
+           " --set train.steps=1000 --set train.log_every=1 --set train.eval_every=2"
+           " --set train.eval_batches=" +
+           std::to_string(eval_batches);
+}
+
+std::string read_text(const fs::path& p) {
+    std::ifstream in(p);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+// Signals `bg` once step 1 is logged and step 2's evaluation runs; the run
+// must end with the stop checkpoint of step 2 well before the evaluation
+// could have finished, record no evaluation, and resume.
+void expect_stop_during_eval(Background& bg, int sig, const fs::path& run,
+                             const std::string& launcher) {
+    ASSERT_TRUE(
+        wait_until([&] { return read_lines((run / "metrics.jsonl").string()).size() >= 1; }, 300))
+        << bg.output();
+    // Step 2 takes a fraction of a second; a signal that lands in it instead
+    // stops at the same step, with the evaluation given up at its first batch.
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    bg.signal(sig);
+    // The evaluation alone needs many minutes; the stop checkpoint seconds.
+    ASSERT_TRUE(bg.exited_within(60)) << "still running 60 s after the signal:\n" << bg.output();
+    EXPECT_EQ(bg.wait(), 130) << bg.output();
+    EXPECT_NE(bg.output().find("interrupted after step 2"), std::string::npos) << bg.output();
+    EXPECT_EQ(read_text(run / "ckpt" / "latest"), "step_00000002");
+    for (const auto& line : read_lines((run / "metrics.jsonl").string())) {
+        EXPECT_EQ(line.find("eval_loss"), std::string::npos) << "an abandoned evaluation: " << line;
+    }
+    const auto r = run_command(launcher + " train --resume " + run.string() +
+                               " --set train.steps=3 --set train.eval_batches=1 2>&1");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("resuming after step 2"), std::string::npos) << r.output;
+}
+
+}  // namespace
+
+TEST(Signals, AStopDuringALongEvaluationSavesAtOnceAndResumes) {
+    const fs::path dir =
+        fs::temp_directory_path() / ("apiary_eval_stop_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    for (int sig : {SIGTERM, SIGINT}) {
+        SCOPED_TRACE(strsignal(sig));
+        const fs::path run = dir / "run";
+        Background bg(apiary_bin() + long_eval_run(run, 30000), (dir / "out.txt").string());
+        expect_stop_during_eval(bg, sig, run, apiary_bin());
+        fs::remove_all(run);
+    }
+    fs::remove_all(dir);
+}
+
+TEST(Signals, PipelineRanksGiveUpAnEvaluationAtTheSameBatch) {
+    // The stages pass activations point to point inside every evaluation
+    // batch: a rank leaving the evaluation alone would leave its peer
+    // waiting for a message forever.
+    const fs::path dir =
+        fs::temp_directory_path() / ("apiary_eval_stop_pp_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    const fs::path run = dir / "run";
+    const std::string launch = apiary_bin() + " launch -n 2 --";
+    Background bg(launch + long_eval_run(run, 30000) + " --set parallel.pp=2",
+                  (dir / "out.txt").string());
+    expect_stop_during_eval(bg, SIGTERM, run, launch);
+    fs::remove_all(dir);
+}
+
+TEST(Signals, EvalBatchesBeyondTheHeldOutSetAreRefusedBeforeTheRunStarts) {
+    const fs::path dir =
+        fs::temp_directory_path() / ("apiary_eval_range_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    const fs::path run = dir / "run";
+    const auto r = run_command(apiary_bin() + long_eval_run(run, 1000000000) + " 2>&1");
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("train.eval_batches = 1000000000"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("distinct batches"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("set train.eval_batches to at most"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(run)) << "the run directory was written before the check";
+    fs::remove_all(dir);
+}

@@ -367,6 +367,76 @@ TEST(Manifest, ShardListedTwiceIsRefused) {
     }
 }
 
+// The DataError of loading the manifest of `src`.
+std::string manifest_error(const std::string& src) {
+    try {
+        Manifest::load(src);
+    } catch (const DataError& e) {
+        return e.what();
+    }
+    ADD_FAILURE() << src << ": the manifest was accepted";
+    return "";
+}
+
+TEST(Manifest, HostileCountsAreRefusedBeforeTheySizeAnything) {
+    TempDir tmp("manifest_hostile");
+    const std::string src = make_source(tmp, "a", 0, 1, 50);
+    const auto good = nlohmann::json::parse(read_file(src + "/manifest.json"));
+    auto j = good;
+    j["tokenizer"]["vocab_size"] = uint64_t(1) << 50;  // would size the embedding
+    write_file_atomic(src + "/manifest.json", j.dump());
+    std::string msg = manifest_error(src);
+    EXPECT_NE(msg.find("tokenizer.vocab_size 1125899906842624 is outside [1, 2147483648] for "
+                       "uint32 tokens"),
+              std::string::npos)
+        << msg;
+    j = good;
+    j["shards"][0]["bytes"] = uint64_t(1) << 60;  // would size a download
+    write_file_atomic(src + "/manifest.json", j.dump());
+    msg = manifest_error(src);
+    EXPECT_NE(msg.find("shards[0] ('train_000000.bin'): bytes 1152921504606846976 is not what 50 "
+                       "tokens of 4 bytes and 1 documents take"),
+              std::string::npos)
+        << msg;
+    j = good;
+    // tokens * 4 wraps to a small number in 64 bits.
+    j["shards"][0]["tokens"] = uint64_t(1) << 62;
+    j["shards"][0]["bytes"] = kShardHeaderBytes + 8;
+    write_file_atomic(src + "/manifest.json", j.dump());
+    msg = manifest_error(src);
+    EXPECT_NE(msg.find("is not what 4611686018427387904 tokens"), std::string::npos) << msg;
+}
+
+TEST(Manifest, AManifestThatIsADeviceOrHugeIsRefusedUnread) {
+    TempDir tmp("manifest_device");
+    fs::create_directories(tmp.path("dev"));
+    fs::create_symlink("/dev/null", tmp.path("dev/manifest.json"));
+    std::string msg = manifest_error(tmp.path("dev"));
+    EXPECT_NE(msg.find("manifest '" + tmp.path("dev/manifest.json") + "' is not a regular file"),
+              std::string::npos)
+        << msg;
+    fs::create_directories(tmp.path("big"));
+    { std::ofstream(tmp.path("big/manifest.json")) << "{"; }
+    fs::resize_file(tmp.path("big/manifest.json"), kMaxManifestBytes + 1);  // sparse
+    msg = manifest_error(tmp.path("big"));
+    EXPECT_NE(msg.find(fmt::format("has {} bytes, more than the {} bytes a manifest may have",
+                                   kMaxManifestBytes + 1, kMaxManifestBytes)),
+              std::string::npos)
+        << msg;
+}
+
+TEST(Loader, AnUnsupportedSchemeIsNamed) {
+    try {
+        Loader l(options({{"ftp://host/corpus", 1.0}}, 2, 8));
+        FAIL() << "an ftp:// source was accepted";
+    } catch (const ConfigError& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("data source 'ftp://host/corpus': the scheme 'ftp' is not supported"),
+                  std::string::npos)
+            << msg;
+    }
+}
+
 TEST(Loader, ParsesSourceLists) {
     const auto s = parse_sources("dirA:0.7, /x/y:dirB:0.3,plain");
     ASSERT_EQ(s.size(), 3u);

@@ -183,6 +183,23 @@ TEST(Remote, LoaderOverNginxSeesTheSameBatchesAsLocal) {
     EXPECT_EQ(ShardCache(o.remote).cached_bytes(), 3 * (kShardHeaderBytes + 4 * 5000 + 8));
 }
 
+TEST(Remote, AShardLargerThanTheWholeCacheIsRefusedBeforeDownloading) {
+    TempDir tmp("remote_huge");
+    // Nothing listens there: the check must come before any request.
+    const std::string url = fmt::format("http://127.0.0.1:{}/corpus/train_000000.bin", free_port());
+    ShardCache cache({.cache_dir = tmp.path("cache"), .cache_bytes = 1 << 20, .retries = 1});
+    try {
+        cache.get(url, uint64_t(1) << 50, "0000000000000000");
+        FAIL() << "no error";
+    } catch (const DataError& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find(url), std::string::npos) << msg;
+        EXPECT_NE(msg.find("1125899906842624 bytes, more than the whole shard cache (1048576"),
+                  std::string::npos)
+            << msg;
+    }
+}
+
 TEST(Remote, CorruptRemoteShardAndUnreachableServerAreClearErrors) {
     TempDir tmp("remote_errors");
     make_source(tmp.path("www/corpus"), 1, 1000);

@@ -79,6 +79,11 @@ TEST(S3Url, JoinsTheEndpointPathStyleAndEncodesTheKey) {
         << msg;
     msg = config_error([] { s3_http_url("http://", {"b", "k"}); });
     EXPECT_NE(msg.find("names no host"), std::string::npos) << msg;
+    // Another scheme is named as unsupported, not given a second one.
+    msg = config_error([] { s3_http_url("ftp://store.example", {"b", "k"}); });
+    EXPECT_EQ(msg.find("http://ftp://"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("the scheme 'ftp' is not supported"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("http:// or https://"), std::string::npos) << msg;
 }
 
 TEST(S3Access, EndpointAndRegionFromConfigThenEnvironmentThenAws) {

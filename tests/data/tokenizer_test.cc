@@ -6,12 +6,15 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <unordered_map>
 
 #include "bpe_reference.h"
 #include "core/error.h"
 #include "data/bpe_train.h"
+#include "data/file_io.h"
 #include "data/pretokenize.h"
 #include "data/varied_text.h"
 #include "test_util.h"
@@ -283,6 +286,34 @@ TEST(Tokenizer, MalformedTokenizerJsonGivesClearErrors) {
     std::string bad_id = good;
     bad_id.replace(bad_id.find("\"vocab\": {") + 10, 0, "\"qqqqqqqqq\": \"seven\",");
     expect_data_error(bad_id, "not an integer");
+}
+
+TEST(Tokenizer, ATokenizerFileThatIsADeviceOrHugeIsRefusedUnread) {
+    namespace fs = std::filesystem;
+    TempDir tmp("tokenizer_hostile");
+    fs::create_symlink("/dev/null", tmp.path("dev.json"));
+    auto error_of = [](const std::string& path) -> std::string {
+        try {
+            Tokenizer::load(path);
+        } catch (const IoError& e) {
+            return e.what();
+        } catch (const DataError& e) {
+            return e.what();
+        }
+        ADD_FAILURE() << path << " was accepted";
+        return "";
+    };
+    std::string msg = error_of(tmp.path("dev.json"));
+    EXPECT_NE(msg.find("tokenizer file '" + tmp.path("dev.json") + "' is not a regular file"),
+              std::string::npos)
+        << msg;
+    { std::ofstream(tmp.path("big.json")) << "{"; }
+    fs::resize_file(tmp.path("big.json"), kMaxTokenizerBytes + 1);  // sparse
+    msg = error_of(tmp.path("big.json"));
+    EXPECT_NE(msg.find(fmt::format("has {} bytes, more than the {} bytes", kMaxTokenizerBytes + 1,
+                                   kMaxTokenizerBytes)),
+              std::string::npos)
+        << msg;
 }
 
 }  // namespace

@@ -10,9 +10,11 @@
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/error.h"
 #include "obs/metrics.h"
+#include "obs/observer.h"
 #include "obs/sd.h"
 #include "obs/sensors.h"
 #include "obs_test_util.h"
@@ -99,8 +101,35 @@ TEST(Report, PlotsDrawEveryRun) {
     EXPECT_EQ(html.find("<script"), std::string::npos);
     size_t lines = 0;
     for (size_t at = 0; (at = html.find("<polyline", at)) != std::string::npos; ++at) ++lines;
-    EXPECT_EQ(lines, 6u);  // two runs in three charts
+    EXPECT_EQ(lines, 8u);  // two runs in three charts, and their held-out loss
     EXPECT_NE(html.find("<td>2.5000</td>"), std::string::npos);
+}
+
+TEST(Report, HtmlPlotsTheHeldOutLossTheTableReports) {
+    TempDir d;
+    std::string text;
+    for (int s = 10; s <= 40; s += 10) text += record(s, 5.0 - s * 0.05, 1000, 0.3);
+    // Held-out losses above every training loss: they must widen the axis.
+    text += nlohmann::json{{"step", 20}, {"eval_loss", 7.0}}.dump() + "\n";
+    text += nlohmann::json{{"step", 40}, {"eval_loss", 6.0}}.dump() + "\n";
+    write_file(d / "e/metrics.jsonl", text);
+    const std::string html = report_html({read_run(d / "e")});
+    const auto at = html.find("<polyline class='series eval'");
+    ASSERT_NE(at, std::string::npos) << html;
+    const auto end = html.find("/>", at);
+    const std::string line = html.substr(at, end - at);
+    // Two points, the second (6.0) below the first (7.0) on the page.
+    const auto pts_at = line.find("points='") + 8;
+    std::stringstream pts(line.substr(pts_at, line.find('\'', pts_at) - pts_at));
+    double x1, y1, x2, y2;
+    char comma;
+    ASSERT_TRUE(pts >> x1 >> comma >> y1 >> x2 >> comma >> y2) << line;
+    EXPECT_LT(x1, x2);
+    EXPECT_GT(y2, y1);
+    EXPECT_GE(y1, 34.0) << "the held-out loss is drawn above the plot area";
+    size_t dots = 0;
+    for (size_t i = 0; (i = html.find("<circle class='eval'", i)) != std::string::npos; ++i) ++dots;
+    EXPECT_EQ(dots, 2u);
 }
 
 TEST(Report, NiceTicks) {
@@ -172,6 +201,66 @@ TEST(Metrics, ServesTheStepAndSensorsOverHttp) {
     EXPECT_NE(body.find("apiary_process_resident_bytes{"), std::string::npos);
     // No clock sensor here: its series is absent, not zero.
     EXPECT_EQ(body.find("apiary_cpu_frequency_hertz"), std::string::npos);
+}
+
+// Connected to 127.0.0.1:port; -1 if not.
+int connect_local(int port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(uint16_t(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+        ::close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+TEST(Metrics, IdleHalfSentRequestsDoNotBlockAScrape) {
+    const int port = free_port();
+    MetricsServer m("127.0.0.1", port, 0, "r", nullptr);
+    StepValues v;
+    v.step = 7;
+    m.update(v);
+    // More idle clients than the server has threads, each holding a
+    // request that never ends (no blank line).
+    std::vector<int> idle;
+    for (int i = 0; i < kMetricsThreads + 2; ++i) {
+        const int fd = connect_local(port);
+        ASSERT_GE(fd, 0);
+        const std::string partial = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n";
+        ASSERT_EQ(::write(fd, partial.data(), partial.size()), ssize_t(partial.size()));
+        idle.push_back(fd);
+    }
+    // A scrape waits for a free thread: the idle ones are dropped after the
+    // request timeout. Before, two threads waited 30 s on idle clients; the
+    // bound here is far above the timeout and far below that.
+    const int fd = connect_local(port);
+    ASSERT_GE(fd, 0);
+    timeval tv{};
+    tv.tv_sec = 15;
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    const std::string req = "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    ASSERT_EQ(::write(fd, req.data(), req.size()), ssize_t(req.size()));
+    std::string body;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(fd, buf, sizeof(buf))) > 0;) body.append(buf, size_t(n));
+    ::close(fd);
+    for (int i : idle) ::close(i);
+    EXPECT_NE(body.find("apiary_step{rank=\"0\",run=\"r\"} 7"), std::string::npos)
+        << "no answer within 15 s while idle clients held the server: '" << body << "'";
+}
+
+TEST(Mfu, AbovePeakIsCappedAndFlagged) {
+    // A peak measured while the cores were shared: 5x below what steps reach.
+    const Mfu high = model_flops_utilisation(5e9, 1.0, 1e9, 1);
+    EXPECT_DOUBLE_EQ(high.value, 1.0);
+    EXPECT_TRUE(high.capped);
+    const Mfu two_ranks = model_flops_utilisation(1e9, 2.0, 1e9, 2);
+    EXPECT_DOUBLE_EQ(two_ranks.value, 0.25);
+    EXPECT_FALSE(two_ranks.capped);
+    EXPECT_DOUBLE_EQ(model_flops_utilisation(1e9, 0.0, 1e9, 1).value, 0.0);
 }
 
 TEST(Metrics, APortInUseIsAClearError) {

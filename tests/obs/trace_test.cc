@@ -157,6 +157,20 @@ TEST(Trace, TruncatedFileIsNamed) {
     EXPECT_FALSE(std::filesystem::exists(d / "trace/merged.json"));
 }
 
+TEST(Trace, ATraceThatIsADeviceIsRefusedUnread) {
+    TempDir d;
+    std::filesystem::create_directories(d / "trace");
+    const std::string path = d / "trace/rank_00000.json";
+    std::filesystem::create_symlink("/dev/null", path);
+    try {
+        read_trace(path);
+        FAIL() << "a device was read as a trace";
+    } catch (const DataError& e) {
+        EXPECT_NE(std::string(e.what()).find(path + ": not a regular file"), std::string::npos)
+            << e.what();
+    }
+}
+
 TEST(Trace, ForeignJsonAndMissingFilesAreNamed) {
     TempDir d;
     testing::write_file(d / "trace/rank_00000.json", "{\"traceEvents\": []}");

@@ -282,3 +282,37 @@ TEST(PlanCli, ExpertsAndContextParallelism) {
     o = nlohmann::json::parse(r.out);
     EXPECT_GT(o["best"][0]["layout"]["cp"].get<int>() * o["best"][0]["layout"]["ep"].get<int>(), 1);
 }
+
+namespace {
+
+// The flags are checked as the keys they stand for: a value that --set
+// refuses is refused by the flag too, never silently replaced by a default.
+TEST(PlanCli, FlagsAreValidatedAsTheirKeys) {
+    const struct {
+        const char* flag;
+        const char* key;
+    } cases[] = {{"--tokens -1e9", "plan.tokens=-1e9"},
+                 {"--tokens nan", "plan.tokens=nan"},
+                 {"--global-batch -5", "plan.global_batch=-5"}};
+    for (const auto& c : cases) {
+        SCOPED_TRACE(c.flag);
+        const Result flag = run(std::string("plan --model gpt3-1.3b ") + c.flag);
+        const Result set = run(std::string("plan --model gpt3-1.3b --set ") + c.key);
+        EXPECT_NE(set.code, 0) << set.out;
+        EXPECT_EQ(flag.code, set.code) << flag.out;
+        const std::string key = std::string(c.key).substr(0, std::string(c.key).find('='));
+        EXPECT_NE(flag.out.find(std::string(c.flag) + ": " + key + " = "), std::string::npos)
+            << flag.out;
+    }
+}
+
+TEST(PlanCli, SearchTopBelowOneIsRefused) {
+    const Result r = run("plan search --model gpt3-1.3b --gpus 8xA100-80GB --top 0");
+    EXPECT_NE(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("--top 0: the number of layouts to show must be at least 1"),
+              std::string::npos)
+        << r.out;
+    EXPECT_EQ(r.out.find("fits"), std::string::npos) << r.out;
+}
+
+}  // namespace

@@ -5,8 +5,10 @@
 #include "sim/trace.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 
 #include "plan/totals.h"
 #include "sim/profile.h"
@@ -289,6 +291,23 @@ TEST(SimJobModel, PlannerGivesWorkMemoryAndCheckpoints) {
     JobSpec odd = j;
     odd.tp = 3;
     EXPECT_NE(m.cost(odd).reject.find("the planner cannot lay it out"), std::string::npos);
+}
+
+TEST(SimTrace, ATraceThatIsADeviceIsRefusedUnread) {
+    const std::string path =
+        (std::filesystem::temp_directory_path() / ("apiary_sim_dev_" + std::to_string(::getpid())))
+            .string();
+    std::filesystem::remove(path);
+    std::filesystem::create_symlink("/dev/null", path);
+    try {
+        read_trace(path);
+        ADD_FAILURE() << "a device was read as a trace";
+    } catch (const IoError& e) {
+        EXPECT_NE(std::string(e.what()).find("trace: '" + path + "' is not a regular file"),
+                  std::string::npos)
+            << e.what();
+    }
+    std::filesystem::remove(path);
 }
 
 // docs/sim.md documents every field of the trace format.

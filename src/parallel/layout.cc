@@ -36,8 +36,8 @@ ParallelLayout parallel_layout_from(const core::Config& c, const core::ModelSpec
     const int tp = out.mesh.tp, pp = out.mesh.pp;
     out.zero_stage = int(c.get_int("parallel.zero_stage"));
     check_zero_stage(out.zero_stage);
-    out.recompute = model::parse_recompute(c.get_string("parallel.recompute"));
-    out.schedule = parse_schedule(c.get_string("parallel.schedule"));
+    out.recompute = core::parse_recompute(c.get_string("parallel.recompute"));
+    out.schedule = core::parse_pipeline_schedule(c.get_string("parallel.schedule"));
     out.sequence_parallel = c.get_bool("parallel.sequence_parallel");
     const int64_t B = c.get_int("train.batch_size"), T = c.get_int("train.seq_len");
     const int accum = int(c.get_int("train.grad_accum"));
@@ -147,7 +147,8 @@ std::string ParallelLayout::describe() const {
     for (const auto& s : stage_blocks) counts.push_back(int(s.size()));
     std::string pipe;
     if (mesh.pp > 1) {
-        pipe = fmt::format(", {}{}, {} micro-batches, blocks per stage {}", schedule_name(schedule),
+        pipe = fmt::format(", {}{}, {} micro-batches, blocks per stage {}",
+                           core::pipeline_schedule_name(schedule),
                            virtual_stages > 1 ? fmt::format(" x{}", virtual_stages) : "",
                            microbatches, join(counts, "+"));
     }
@@ -155,7 +156,7 @@ std::string ParallelLayout::describe() const {
                        zero_stage ? fmt::format(", zero {}", zero_stage) : "",
                        sequence_parallel ? ", sequence parallel" : "",
                        recompute != model::Recompute::none
-                           ? fmt::format(", recompute {}", model::recompute_name(recompute))
+                           ? fmt::format(", recompute {}", core::recompute_name(recompute))
                            : "",
                        pipe);
 }

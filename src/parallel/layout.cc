@@ -74,7 +74,7 @@ ParallelLayout parallel_layout_from(const core::Config& c, const core::ModelSpec
     }
 
     // Pipeline parallelism.
-    if (out.schedule == ScheduleKind::interleaved) {
+    if (out.schedule == PipelineSchedule::interleaved) {
         if (pp == 1) {
             throw ConfigError(
                 "parallel.schedule = 'interleaved' needs parallel.pp > 1 (there is "
@@ -88,7 +88,7 @@ ParallelLayout parallel_layout_from(const core::Config& c, const core::ModelSpec
                 accum, pp, ((accum + pp - 1) / pp) * pp));
         }
     }
-    if (pp > 1 && out.schedule == ScheduleKind::one_f_one_b && accum < pp) {
+    if (pp > 1 && out.schedule == PipelineSchedule::one_f_one_b && accum < pp) {
         throw ConfigError(fmt::format(
             "parallel.schedule = '1f1b' with {} micro-batches (train.grad_accum) and "
             "parallel.pp = {} stages: 1F1B needs at least as many micro-batches as stages; set "
@@ -155,7 +155,7 @@ std::string ParallelLayout::describe() const {
     return fmt::format("dp {} x tp {} x pp {}{}{}{}{}", mesh.dp, mesh.tp, mesh.pp,
                        zero_stage ? fmt::format(", zero {}", zero_stage) : "",
                        sequence_parallel ? ", sequence parallel" : "",
-                       recompute != model::Recompute::none
+                       recompute != core::Recompute::none
                            ? fmt::format(", recompute {}", core::recompute_name(recompute))
                            : "",
                        pipe);

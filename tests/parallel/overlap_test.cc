@@ -36,8 +36,9 @@ core::Config config(const std::vector<std::string>& sets) {
         return schema;
     }();
     core::Config c(s);
-    for (const char* kv : {"model.preset=tiny", "model.n_layer=2", "model.n_embd=32",
-                           "model.n_head=2", "train.grad_accum=2"}) {
+    for (const char* kv :
+         {"model.preset=tiny", "model.n_layer=2", "model.n_embd=32", "model.n_head=2",
+          "train.grad_accum=2", "train.batch_size=2", "train.seq_len=16"}) {
         c.set(kv);
     }
     for (const auto& kv : sets) c.set(kv);

@@ -216,6 +216,8 @@ TEST(SimComm, PlacementsKeepJobsApartAsPromised) {
 // placement sends every job across the leaves, whose uplinks then carry
 // 256 x 3/4 S on 128 NICs' worth (1.5 S / NIC, more than a NIC's S);
 // topology-aware placement keeps each job inside a leaf (120/128 S / NIC).
+// A latency per peer node: spread, one rank on each of 128 nodes, pays 127;
+// packed in a leaf, 16 nodes, 15.
 TEST(SimComm, TopologyAwarePlacementAvoidsSharedUplinks) {
     const plan::Cluster c = cluster_of("H100-SXM", 1024, "fat-tree-2to1");
     const Fabric f(c);
@@ -229,8 +231,9 @@ TEST(SimComm, TopologyAwarePlacementAvoidsSharedUplinks) {
         return *std::max_element(t.begin(), t.end());
     };
     const double nic = c.inter.bw * c.inter.efficiency;
-    EXPECT_NEAR(run(Placement::spread), c.inter.latency + 2e-6 + 1.5 * 64e6 / nic, 1e-9);
-    EXPECT_NEAR(run(Placement::topology), c.inter.latency + 1e-6 + 120.0 / 128 * 64e6 / nic, 1e-9);
+    EXPECT_NEAR(run(Placement::spread), 127 * (c.inter.latency + 2e-6) + 1.5 * 64e6 / nic, 1e-9);
+    EXPECT_NEAR(run(Placement::topology), 15 * (c.inter.latency + 1e-6) + 120.0 / 128 * 64e6 / nic,
+                1e-9);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cli/bench_comm.h"
+#include "cli/bench_common.h"
 #include "cli/bench_data.h"
 #include "cli/command.h"
 #include "core/allocator.h"
@@ -25,11 +26,14 @@
 #include "core/profile.h"
 #include "core/rng.h"
 #include "core/threads.h"
+#include "core/timing.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "parallel/engine.h"
 
 namespace apiary::cli {
+
+using core::median;
 
 namespace {
 
@@ -45,12 +49,6 @@ struct BenchTrainArgs {
     bool profile = false;
 };
 
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // memcpy GB/s of 256 MiB, the median of 5 copies (one thread): the memory
 // peak that the memory-bound parts (AdamW, norms) are held to.
 double memcpy_peak_gb_per_s() {
@@ -58,9 +56,9 @@ double memcpy_peak_gb_per_s() {
     std::vector<char> a(bytes, 1), b(bytes, 0);
     std::vector<double> t;
     for (int rep = 0; rep < 5; ++rep) {
-        const auto t0 = std::chrono::steady_clock::now();
+        const auto t0 = core::Clock::now();
         std::memcpy(b.data(), a.data(), bytes);
-        t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        t.push_back(core::seconds_since(t0));
     }
     return double(bytes) / median(t) / 1e9;
 }
@@ -89,9 +87,9 @@ std::vector<std::string> split_commas(const std::string& s) {
 
 // The trainer's step (parallel::Engine::train_step) on rows of seq + 1 tokens.
 double run_step(PrecisionRun& r, const std::vector<int32_t>& rows, int batch, int seq) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = core::Clock::now();
     r.loss = r.engine->train_step(rows.data(), batch, seq, 1e-4, false).loss();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return core::seconds_since(t0);
 }
 
 nlohmann::json memory_json() {
@@ -146,12 +144,7 @@ void bench_train(const BenchTrainArgs& a) {
         runs.push_back(std::move(r));
     }
     const int64_t n = int64_t(a.batch) * a.seq;
-    // Random rows of seq + 1 tokens: inputs, and targets shifted by one.
-    std::vector<int32_t> rows(static_cast<size_t>(a.batch) * size_t(a.seq + 1));
-    const core::Philox rng(7, 0);
-    for (size_t i = 0; i < rows.size(); ++i) {
-        rows[i] = int32_t(rng.below(uint64_t(i), spec.vocab_size));
-    }
+    const std::vector<int32_t> rows = random_token_rows(a.batch, a.seq, spec.vocab_size, 0);
     // MFU is against the peak of the precision the matmuls run in, measured now.
     // Both GEMM peaks and memcpy are measured in every run, whatever the
     // precision, so that one run's figures can be held to all three.

@@ -27,12 +27,13 @@
 #include "comm/mpi_backend.h"
 #include "core/allocator.h"
 #include "core/error.h"
+#include "core/timing.h"
 
 namespace apiary::cli {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using core::Clock;
 
 struct Options {
     std::string min_bytes = "1K", max_bytes = "256M";
@@ -164,9 +165,9 @@ struct Timing {
     double median_s = 0, min_s = 0, max_s = 0;
 };
 
-Timing summarize(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return {v[v.size() / 2], v.front(), v.back()};
+Timing summarize(const std::vector<double>& v) {
+    const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+    return {core::median(v), *lo, *hi};
 }
 
 double memcpy_gbps(Buffers& buf, size_t bytes) {
@@ -174,7 +175,7 @@ double memcpy_gbps(Buffers& buf, size_t bytes) {
     for (int rep = 0; rep < 5; ++rep) {
         const auto t0 = Clock::now();
         std::memcpy(buf.b, buf.a, bytes);
-        t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        t.push_back(core::seconds_since(t0));
     }
     return double(bytes) / summarize(t).median_s / 1e9;
 }
@@ -237,7 +238,7 @@ void run(const Options& o) {
                     MPI_Barrier(peer);
                     const auto t0 = Clock::now();
                     for (int i = 0; i < iters; ++i) run_once(op, raw, *world, peer, buf, count);
-                    double s = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+                    double s = core::seconds_since(t0) / iters;
                     MPI_Allreduce(MPI_IN_PLACE, &s, 1, MPI_DOUBLE, MPI_MAX, peer);
                     if (rep >= o.warmup) (raw ? t_mpi : t_apiary).push_back(s);
                 }

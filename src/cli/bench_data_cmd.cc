@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "core/model_spec.h"
 #include "core/threads.h"
+#include "core/timing.h"
 #include "data/bpe_train.h"
 #include "data/file_io.h"
 #include "data/loader.h"
@@ -49,7 +50,8 @@ std::string cpu_model_name() {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
+using core::Clock;
+using core::seconds_since;
 
 struct Opts {
     std::string input;  // a text file; default: the texts below
@@ -69,17 +71,13 @@ struct Opts {
 };
 Opts o;
 
-double seconds_since(Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 struct Stat {
     double median = 0, min = 0, max = 0;
 };
 Stat stat_of(std::vector<double> v) {
     if (v.empty()) return {};
-    std::sort(v.begin(), v.end());
-    return {v[v.size() / 2], v.front(), v.back()};
+    const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+    return {core::median(v), *lo, *hi};
 }
 // Stats of a[i] / b[i].
 Stat ratios(const std::vector<double>& a, const std::vector<double>& b) {

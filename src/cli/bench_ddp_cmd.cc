@@ -19,15 +19,16 @@
 #include <vector>
 
 #include "cli/bench_comm.h"
+#include "cli/bench_common.h"
 #include "cli/command.h"
 #include "comm/config.h"
-#include "comm/mpi_backend.h"
 #include "core/allocator.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/model_spec.h"
 #include "core/rng.h"
 #include "core/threads.h"
+#include "core/timing.h"
 #include "parallel/engine.h"
 #include "parallel/layout.h"
 
@@ -35,7 +36,9 @@ namespace apiary::cli {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using core::Clock;
+using core::median;
+using core::seconds_since;
 
 struct ParallelArgs {
     std::string preset = "gpt2-124m";
@@ -51,16 +54,6 @@ struct ParallelArgs {
     double bucket_mb = 25.0;
     bool json = false;
 };
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-double since(Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // The layout as the trainer would build it from the same keys.
 parallel::ParallelLayout layout_of(const ParallelArgs& a, const core::ModelSpec& spec, int n,
@@ -91,15 +84,10 @@ nlohmann::json peak_memory() {
 }
 
 void bench_parallel(const ParallelArgs& a) {
-    std::unique_ptr<comm::MpiSession> mpi;
-    comm::ProcessGroup* world = nullptr;
-    if (comm::launched_by_mpi()) {
-        comm::CommOptions o;
-        o.bucket_mb = a.bucket_mb;
-        mpi = std::make_unique<comm::MpiSession>(o);
-        world = mpi->world().get();
-        set_abort_hook([](int code) { comm::abort_mpi(code); });
-    }
+    comm::CommOptions co;
+    co.bucket_mb = a.bucket_mb;
+    const MpiWorld mpi = start_mpi_world(co);
+    comm::ProcessGroup* world = mpi.world;
     const int n = world ? world->size() : 1;
     core::set_num_threads(a.threads);
     const core::ModelSpec& spec = core::preset(a.preset);
@@ -123,9 +111,8 @@ void bench_parallel(const ParallelArgs& a) {
     engine.init(1);
     // This data-parallel rank's rows: random tokens, the same on the tensor-
     // and pipeline-parallel ranks that share them.
-    std::vector<int32_t> rows(size_t(B) * size_t(a.microbatches) * size_t(a.seq + 1));
-    const core::Philox rng(7, uint64_t(engine.coord().dp));
-    for (size_t i = 0; i < rows.size(); ++i) rows[i] = int32_t(rng.below(i, spec.vocab_size));
+    const std::vector<int32_t> rows = random_token_rows(
+        int64_t(B) * a.microbatches, a.seq, spec.vocab_size, uint64_t(engine.coord().dp));
     std::vector<double> step_s, exposed_s, tp_s, pp_s, compute_s, bubble;
     double loss = 0;
     for (int s = 0; s < a.warmup + a.steps; ++s) {
@@ -134,7 +121,7 @@ void bench_parallel(const ParallelArgs& a) {
         loss =
             engine.train_step(rows.data(), int64_t(rows.size()) / (a.seq + 1), a.seq, 1e-4, false)
                 .loss();
-        const double dt = since(t0);
+        const double dt = seconds_since(t0);
         if (s < a.warmup) continue;
         const auto& t = engine.times();
         step_s.push_back(dt);
@@ -201,7 +188,7 @@ void bench_parallel(const ParallelArgs& a) {
         bwd[st] /= count[st];
     }
     const auto replay = parallel::replay_idle(
-        layout.pp() > 1 ? layout.schedule : parallel::ScheduleKind::one_f_one_b, layout.pp(),
+        layout.pp() > 1 ? layout.schedule : parallel::PipelineSchedule::one_f_one_b, layout.pp(),
         layout.microbatches, layout.virtual_stages, fwd, bwd);
     const nlohmann::json out = {
         {"preset", a.preset},

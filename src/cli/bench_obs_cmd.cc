@@ -24,10 +24,11 @@
 #include <vector>
 
 #include "cli/bench_comm.h"
+#include "cli/bench_common.h"
 #include "core/error.h"
 #include "core/model_spec.h"
-#include "core/rng.h"
 #include "core/threads.h"
+#include "core/timing.h"
 #include "core/trace.h"
 #include "obs/health.h"
 #include "obs/metrics.h"
@@ -39,7 +40,9 @@ namespace apiary::cli {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using core::Clock;
+using core::median;
+using core::seconds_since;
 
 struct Args {
     std::string preset = "gpt2-124m";
@@ -47,17 +50,6 @@ struct Args {
     double scrape_every = 1.0;
     bool json = false;
 };
-
-double since(Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty()      ? NAN
-           : v.size() % 2 ? v[v.size() / 2]
-                          : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
 
 std::string http_get(int port) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -124,13 +116,6 @@ void bench_obs(const Args& a) {
     // Fresh random rows every round (the same for its three steps): a model
     // shown one batch over and over would learn it, and the loss check below
     // would no longer tell a broken step from a memorised batch.
-    std::vector<int32_t> rows(size_t(a.batch) * size_t(a.seq + 1));
-    auto fill_rows = [&](int round) {
-        const core::Philox rng(7, uint64_t(round));
-        for (size_t i = 0; i < rows.size(); ++i) {
-            rows[i] = int32_t(rng.below(uint64_t(i), spec.vocab_size));
-        }
-    };
 
     const int port = a.port > 0 ? a.port : free_port();
     obs::HealthOptions ho;
@@ -143,7 +128,8 @@ void bench_obs(const Args& a) {
     std::vector<core::trace::ThreadEvents> kept;
     double loss = 0;
     for (int round = 0; round < a.warmup + a.rounds; ++round) {
-        fill_rows(round);
+        const std::vector<int32_t> rows =
+            random_token_rows(a.batch, a.seq, spec.vocab_size, uint64_t(round));
         for (int m = 0; m < 3; ++m) {
             scraper.on = m == 1;
             core::trace::set_on(m == 2);
@@ -154,11 +140,11 @@ void bench_obs(const Args& a) {
                 obs::StepValues v;
                 v.step = round + 1;
                 v.loss = r.loss();
-                v.step_s = since(t0);
+                v.step_s = seconds_since(t0);
                 v.health_level = health.poll(double(core::trace::now_ns()) * 1e-9);
                 server.update(v);
             }
-            const double dt = since(t0);
+            const double dt = seconds_since(t0);
             core::trace::set_on(false);
             scraper.on = false;
             loss = r.loss();
@@ -190,7 +176,7 @@ void bench_obs(const Args& a) {
                            fmt::format("apiary-bench-obs-{}.json", ::getpid()))
                               .string(),
                           {}, kept);
-    const double write_s = since(tw);
+    const double write_s = seconds_since(tw);
     std::filesystem::remove(std::filesystem::temp_directory_path() /
                             fmt::format("apiary-bench-obs-{}.json", ::getpid()));
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/timing.h"
 
 namespace apiary::comm {
 
@@ -53,7 +54,7 @@ void BucketedAllReduce::mark_ready(int i) {
 }
 
 void BucketedAllReduce::finish() {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = core::Clock::now();
     for (size_t i = 0; i < works_.size(); ++i) {
         if (!works_[i]) {
             throw CommError(
@@ -66,7 +67,7 @@ void BucketedAllReduce::finish() {
         w->wait();
         w.reset();
     }
-    exposed_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    exposed_s_ = core::seconds_since(t0);
 }
 
 }  // namespace apiary::comm

@@ -1,12 +1,13 @@
 #pragma once
 // Data-parallel gradient buckets over one flat f32 gradient buffer: the
-// trainer marks a bucket ready as soon as backward has written its last
-// gradient, its all-reduce starts at once (non-blocking) and overlaps the
-// rest of backward; finish() waits for all of them before the optimizer step.
+// caller (parallel::AllReduceSync, from the model's gradient hook) marks a
+// bucket ready as soon as backward has written its last gradient; its
+// all-reduce starts at once (non-blocking) and overlaps the rest of
+// backward; finish() waits for all of them before the optimizer step.
 //
 // Every rank must mark buckets in the same order (backward order is
-// deterministic, so this holds). On non-final gradient-accumulation
-// micro-steps the trainer simply does not use this object.
+// deterministic, so this holds). On gradient-accumulation micro-steps
+// before the last, nothing is marked.
 
 #include <chrono>
 #include <cstdint>

@@ -1,9 +1,11 @@
 #pragma once
 // DeviceMesh: the world as a dp x pp x tp grid of ranks, with one process
 // group per axis. The axis order (parallel.axis_order) says which axis varies
-// fastest across neighbouring world ranks: "tp,pp,dp" keeps a tp group on
-// neighbouring ranks (one node), where its frequent, latency-bound traffic
-// belongs, and spreads dp, whose traffic overlaps compute, across nodes.
+// fastest across neighbouring world ranks. The default is the rank order the
+// planner and the simulator assume too (core::kAxisOrder, "tp,dp,pp"): a tp
+// group on neighbouring ranks (one node), where its frequent, latency-bound
+// traffic belongs, then dp, whose traffic overlaps backward, and pp, whose
+// few point-to-point messages span the farthest.
 
 #include <array>
 #include <memory>
@@ -19,7 +21,7 @@ const char* axis_name(Axis a);
 
 struct MeshShape {
     int dp = 1, tp = 1, pp = 1;
-    std::array<Axis, 3> order{Axis::tp, Axis::pp, Axis::dp};  // fastest-varying first
+    std::array<Axis, 3> order{Axis::tp, Axis::dp, Axis::pp};  // fastest first: core::kAxisOrder
 
     int size(Axis a) const { return a == Axis::dp ? dp : a == Axis::tp ? tp : pp; }
     int world_size() const { return dp * tp * pp; }

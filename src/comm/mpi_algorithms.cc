@@ -13,7 +13,7 @@
 
 namespace apiary::comm::detail {
 
-int as_int(int64_t n, const Engine& e, const char* what) {
+int as_int(int64_t n, const MpiGroupState& e, const char* what) {
     if (n < 0 || n > std::numeric_limits<int>::max()) {
         throw CommError(
             fmt::format("{}: {} count {} is outside 0..2^31-1; split the call", e.name, what, n));
@@ -45,7 +45,7 @@ Chunks even_chunks(int64_t total, int n) {
 // `rank` in out (which may alias that chunk of send; send is otherwise only
 // read). Each step forwards the partial sum received in the previous step,
 // plus this rank's contribution.
-void ring_reduce_scatter(Engine& e, const float* send, float* out, const Chunks& c,
+void ring_reduce_scatter(MpiGroupState& e, const float* send, float* out, const Chunks& c,
                          const CallContext& ctx) {
     const int n = e.size, r = e.rank;
     if (n == 1) {
@@ -74,7 +74,7 @@ void ring_reduce_scatter(Engine& e, const float* send, float* out, const Chunks&
 
 // Ring all-gather in place: chunk `rank` of data is this rank's; after n-1
 // steps every chunk is.
-void ring_all_gather(Engine& e, float* data, const Chunks& c, const CallContext& ctx) {
+void ring_all_gather(MpiGroupState& e, float* data, const Chunks& c, const CallContext& ctx) {
     const int n = e.size, r = e.rank;
     const int left = (r - 1 + n) % n, right = (r + 1) % n;
     for (int s = 0; s < n - 1; ++s) {
@@ -87,7 +87,7 @@ void ring_all_gather(Engine& e, float* data, const Chunks& c, const CallContext&
 }
 
 // f32 sum all-reduce of n elements in place, flat or hierarchical.
-void all_reduce_f32(Engine& e, float* data, int64_t n, const CallContext& ctx) {
+void all_reduce_f32(MpiGroupState& e, float* data, int64_t n, const CallContext& ctx) {
     if (!e.hierarchical.load() && n * 4 >= kRingAllReduceBytes && n / e.size < (int64_t(1) << 30)) {
         const Chunks c = even_chunks(n, e.size);
         ring_reduce_scatter(e, data, data + c.off[size_t(e.rank)], c, ctx);
@@ -142,8 +142,8 @@ int64_t piece_len(int64_t n, int size) {
 // summed in the order the ring over whole blocks would sum it (the order
 // depends on the chunk's index only), scaled and rounded alike: the result
 // is the same bit for bit, and the scratch is that of one piece.
-void reduce_scatter(Engine& e, const void* send, void* recv, int64_t n, DType dt, ReduceOp op,
-                    const CallContext& ctx) {
+void reduce_scatter(MpiGroupState& e, const void* send, void* recv, int64_t n, DType dt,
+                    ReduceOp op, const CallContext& ctx) {
     const int size = e.size;
     const bool bf16 = dt == DType::bf16;
     if (!ring_reduce_scatter_for(n, size)) {
@@ -192,7 +192,7 @@ void reduce_scatter(Engine& e, const void* send, void* recv, int64_t n, DType dt
     }
 }
 
-ScratchNeed scratch_need(const Engine& e, CollOp op, int64_t count, DType dt) {
+ScratchNeed scratch_need(const MpiGroupState& e, CollOp op, int64_t count, DType dt) {
     ScratchNeed need;
     const bool bf16 = dt == DType::bf16;
     if (op == CollOp::reduce_scatter) {

@@ -17,8 +17,8 @@ namespace apiary::comm {
 
 using detail::as_int;
 using detail::CallContext;
-using detail::Engine;
 using detail::mpi_check;
+using detail::MpiGroupState;
 using detail::MpiWork;
 
 namespace {
@@ -61,11 +61,11 @@ class RequestWork : public Work {
 
 class MpiGroup : public ProcessGroup {
   public:
-    explicit MpiGroup(std::shared_ptr<Engine> e)
+    explicit MpiGroup(std::shared_ptr<MpiGroupState> e)
         : ProcessGroup(e->rank, e->size, e->name, e->world_ranks), e_(std::move(e)) {}
     ~MpiGroup() override { e_->shutdown(); }
 
-    Engine& engine() { return *e_; }
+    MpiGroupState& state() { return *e_; }
 
     WorkHandle all_reduce(void* buf, int64_t count, DType dt, ReduceOp op, Tag tag) override {
         check_reducible(dt, op);
@@ -189,7 +189,8 @@ class MpiGroup : public ProcessGroup {
                       "MPI_Comm_split", ctx);
         })->wait();
         if (child == MPI_COMM_NULL) return nullptr;
-        auto group = std::make_shared<MpiGroup>(std::make_shared<Engine>(child, name, e_->options));
+        auto group =
+            std::make_shared<MpiGroup>(std::make_shared<MpiGroupState>(child, name, e_->options));
         if (e_->options.hierarchical) set_hierarchical(*group, true, e_->options.nodes_hint);
         return group;
     }
@@ -210,13 +211,13 @@ class MpiGroup : public ProcessGroup {
         using W = detail::MpiWorkFn<Fn>;
         void* block = detail::work_block_allocate(sizeof(W));
         W* w = new (block) W(fp, e_.get(), std::move(fn));
-        // The engine's queue holds w without a reference (MpiWork::release).
+        // The group state's queue holds w without a reference (MpiWork::release).
         WorkHandle handle(static_cast<Work*>(w), &MpiWork::release, detail::WorkAllocator<Work>{});
         e_->enqueue(w);
         return handle;
     }
 
-    std::shared_ptr<Engine> e_;
+    std::shared_ptr<MpiGroupState> e_;
 };
 
 }  // namespace
@@ -224,7 +225,7 @@ class MpiGroup : public ProcessGroup {
 void set_hierarchical(ProcessGroup& group, bool enable, int nodes_hint) {
     auto* g = dynamic_cast<MpiGroup*>(&group);
     if (!g) throw CommError(group.name() + ": hierarchical all-reduce needs the MPI backend");
-    Engine& e = g->engine();
+    MpiGroupState& e = g->state();
     if (!enable) {
         group.barrier(Tag{"set_hierarchical", 0})->wait();  // no all_reduce in flight
         e.hierarchical = false;
@@ -268,7 +269,7 @@ void set_hierarchical(ProcessGroup& group, bool enable, int nodes_hint) {
 MPI_Comm mpi_comm_of(ProcessGroup& group) {
     auto* g = dynamic_cast<MpiGroup*>(&group);
     if (!g) throw CommError(group.name() + " is not an MPI group");
-    return g->engine().comm;
+    return g->state().comm;
 }
 
 bool launched_by_mpi() {
@@ -309,7 +310,7 @@ MpiSession::MpiSession(const CommOptions& options)
     detail::set_watchdog(new detail::Watchdog(options.timeout_s));
     MPI_Comm comm;
     MPI_Comm_dup(MPI_COMM_WORLD, &comm);
-    world_ = std::make_shared<MpiGroup>(std::make_shared<Engine>(comm, "world", options));
+    world_ = std::make_shared<MpiGroup>(std::make_shared<MpiGroupState>(comm, "world", options));
     if (options.hierarchical) set_hierarchical(*world_, true, options.nodes_hint);
 }
 

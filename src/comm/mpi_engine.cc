@@ -1,4 +1,4 @@
-// The MPI backend's engine: the per-group queue of calls, who executes them
+// The MPI backend's group state (MpiGroupState): the per-group queue of calls, who executes them
 // (the worker thread or a waiting caller), and the match check.
 //
 // The issue-then-wait path of a small collective is the one to keep cheap: a
@@ -21,7 +21,7 @@
 namespace apiary::comm::detail {
 
 std::string CallContext::str() const {
-    return fmt::format("{} (rank {}) {}", engine->name, engine->rank, fp->describe());
+    return fmt::format("{} (rank {}) {}", group->name, group->rank, fp->describe());
 }
 
 void mpi_check(int rc, const char* what, const CallContext& context) {
@@ -100,7 +100,7 @@ size_t history_for(const CommOptions& o) { return o.verify ? size_t(o.verify_eve
 
 }  // namespace
 
-Engine::Engine(MPI_Comm c, std::string n, const CommOptions& o)
+MpiGroupState::MpiGroupState(MPI_Comm c, std::string n, const CommOptions& o)
     : comm(c), name(std::move(n)), options(o) {
     MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm, &rank);
@@ -114,9 +114,9 @@ Engine::Engine(MPI_Comm c, std::string n, const CommOptions& o)
     worker = std::thread([this] { worker_loop(); });
 }
 
-Engine::~Engine() { shutdown(); }
+MpiGroupState::~MpiGroupState() { shutdown(); }
 
-void Engine::shutdown() {
+void MpiGroupState::shutdown() {
     {
         std::lock_guard guard(lock);
         stop = true;
@@ -134,7 +134,7 @@ constexpr auto kBusyPoll = std::chrono::milliseconds(2);
 constexpr auto kWarm = std::chrono::milliseconds(200);
 }  // namespace
 
-void Engine::wake_worker() {
+void MpiGroupState::wake_worker() {
     {
         std::lock_guard guard(wake_mu);
         wake_pending = true;
@@ -142,7 +142,7 @@ void Engine::wake_worker() {
     wake_cv.notify_one();
 }
 
-void Engine::enqueue(MpiWork* w) {
+void MpiGroupState::enqueue(MpiWork* w) {
     bool wake = false;
     {
         std::lock_guard guard(lock);
@@ -158,7 +158,7 @@ void Engine::enqueue(MpiWork* w) {
     if (wake) wake_worker();
 }
 
-bool run_front(Engine& e, std::unique_lock<SpinLock>& lock, const MpiWork* own) {
+bool run_front(MpiGroupState& e, std::unique_lock<SpinLock>& lock, const MpiWork* own) {
     MpiWork* next = e.queue.front();
     e.queue.pop_front();
     e.queued.store(e.queue.size(), std::memory_order_relaxed);
@@ -171,7 +171,7 @@ bool run_front(Engine& e, std::unique_lock<SpinLock>& lock, const MpiWork* own) 
     return e.queued.load(std::memory_order_relaxed) > 0;
 }
 
-void Engine::worker_loop() {
+void MpiGroupState::worker_loop() {
     core::trace::set_thread_name("comm " + name);
     uint64_t seen_seq = 0;
     auto last_activity = Clock::now();
@@ -206,7 +206,7 @@ void Engine::worker_loop() {
     }
 }
 
-void Engine::wait_for(MpiWork& w) {
+void MpiGroupState::wait_for(MpiWork& w) {
     std::unique_lock guard(lock, std::defer_lock);
     while (true) {
         int s = w.state.load(std::memory_order_acquire);
@@ -228,7 +228,7 @@ void Engine::wait_for(MpiWork& w) {
     }
 }
 
-void Engine::run_exclusive(const std::function<void()>& fn) {
+void MpiGroupState::run_exclusive(const std::function<void()>& fn) {
     std::unique_lock guard(lock);
     while (busy.load(std::memory_order_acquire) || !queue.empty()) {
         if (!busy.load(std::memory_order_acquire)) {
@@ -266,7 +266,7 @@ bool check_due(const CommOptions& o, uint64_t seq) {
 // The match check: every rank contributes the chain hash of all its calls so
 // far and its negation, so one MPI_MAX all-reduce yields the maximum and
 // minimum. They agree only if every rank made the same calls up to here.
-void verify_match(Engine& e, const Fingerprint& fp) {
+void verify_match(MpiGroupState& e, const Fingerprint& fp) {
     const uint64_t h = e.chain;
     long long v[4] = {(long long)(h >> 32), (long long)(h & 0xffffffffu), -(long long)(h >> 32),
                       -(long long)(h & 0xffffffffu)};
@@ -286,7 +286,7 @@ void verify_match(Engine& e, const Fingerprint& fp) {
 }
 
 // The algorithm a call runs (the same choices as the calls themselves).
-const char* algorithm_of(const Engine& e, const Fingerprint& fp, int64_t bytes) {
+const char* algorithm_of(const MpiGroupState& e, const Fingerprint& fp, int64_t bytes) {
     const bool bulk = fp.dtype == DType::f32 || fp.dtype == DType::bf16;
     if (fp.op == CollOp::all_reduce && bulk) {
         if (e.hierarchical.load()) return "hierarchical";
@@ -302,7 +302,7 @@ const char* algorithm_of(const Engine& e, const Fingerprint& fp, int64_t bytes) 
 
 }  // namespace
 
-void Engine::execute(MpiWork& w, bool held) {
+void MpiGroupState::execute(MpiWork& w, bool held) {
     const Fingerprint& fp = w.fingerprint();
     monitor->begin(fp);
     int end = MpiWork::kDone;
@@ -357,7 +357,7 @@ bool MpiWork::test() {
 }
 
 void MpiWork::wait() {
-    if (state.load(std::memory_order_acquire) < kDone) engine_->wait_for(*this);
+    if (state.load(std::memory_order_acquire) < kDone) group_->wait_for(*this);
     if (state.load(std::memory_order_acquire) == kFailed) throw CommError(error);
 }
 

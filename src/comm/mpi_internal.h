@@ -26,12 +26,12 @@ namespace apiary::comm::detail {
 void mpi_check(int rc, const char* what, const std::string& context);
 
 class MpiWork;
-struct Engine;
+struct MpiGroupState;
 
 // Names the call in an error message; formatted only when there is an error,
 // so that the fast path allocates nothing for it.
 struct CallContext {
-    const Engine* engine;
+    const MpiGroupState* group;
     const Fingerprint* fp;
     std::string str() const;
 };
@@ -64,9 +64,9 @@ class SpinLock {
 
 // Everything one MPI process group owns; shared with its Work handles so a
 // handle outlives nothing it points to.
-struct Engine {
-    Engine(MPI_Comm comm, std::string name, const CommOptions& options);
-    ~Engine();
+struct MpiGroupState {
+    MpiGroupState(MPI_Comm comm, std::string name, const CommOptions& options);
+    ~MpiGroupState();
 
     MPI_Comm comm;
     int rank = 0, size = 1;
@@ -130,19 +130,19 @@ struct Engine {
 // !e.busy && !e.queue.empty(). Returns with the lock released, and whether
 // more calls are queued (a caller other than the worker then wakes it).
 // own: the caller's call, if it waits on one (it holds a handle of it).
-bool run_front(Engine& e, std::unique_lock<SpinLock>& lock, const MpiWork* own = nullptr);
+bool run_front(MpiGroupState& e, std::unique_lock<SpinLock>& lock, const MpiWork* own = nullptr);
 
 // A collective in the queue. Its lifetime is shared by the user's handles
-// and the engine without a second reference count (two atomic operations a
+// and the group state without a second reference count (two atomic operations a
 // call): the queue holds a plain pointer, and when the last handle goes
 // before the call has ended (MpiWork::release) the executing thread destroys
 // the work once it ends.
 class MpiWork : public Work {
   public:
-    // A plain engine pointer for the same reason: the engine drains its queue
-    // before it goes (Engine::shutdown), so a handle that outlives it is done
+    // A plain group pointer for the same reason: the group state drains its queue
+    // before it goes (MpiGroupState::shutdown), so a handle that outlives it is done
     // and never touches it again.
-    MpiWork(Fingerprint fp, Engine* engine) : Work(fp), engine_(engine) {}
+    MpiWork(Fingerprint fp, MpiGroupState* group) : Work(fp), group_(group) {}
     bool test() override;
     void wait() override;
 
@@ -164,7 +164,7 @@ class MpiWork : public Work {
     static void release(Work* w) noexcept;
 
   private:
-    Engine* engine_;
+    MpiGroupState* group_;
 };
 
 // Work handles come and go once per call; a small per-thread free list of
@@ -192,7 +192,8 @@ struct WorkAllocator {
 template <class Fn>
 class MpiWorkFn final : public MpiWork {
   public:
-    MpiWorkFn(Fingerprint fp, Engine* engine, Fn fn) : MpiWork(fp, engine), fn_(std::move(fn)) {}
+    MpiWorkFn(Fingerprint fp, MpiGroupState* group, Fn fn)
+        : MpiWork(fp, group), fn_(std::move(fn)) {}
     void run(const CallContext& ctx) override { fn_(ctx); }
     void destroy() noexcept override {
         this->~MpiWorkFn();
@@ -232,7 +233,7 @@ class Watchdog {
 // ---- algorithms (mpi_algorithms.cc), run by the thread executing a call ----
 
 // MPI counts are int: throws CommError naming the group if n does not fit.
-int as_int(int64_t n, const Engine& e, const char* what);
+int as_int(int64_t n, const MpiGroupState& e, const char* what);
 
 // Where apiary's own ring algorithms take over from MPI's (see mpi_algorithms.cc).
 constexpr int64_t kRingAllReduceBytes = int64_t(32) << 20;
@@ -245,17 +246,17 @@ struct Chunks {
 Chunks even_chunks(int64_t total, int n);
 // Sum of chunk `rank` over all ranks into out (may alias that chunk of send;
 // send is otherwise only read).
-void ring_reduce_scatter(Engine& e, const float* send, float* out, const Chunks& c,
+void ring_reduce_scatter(MpiGroupState& e, const float* send, float* out, const Chunks& c,
                          const CallContext& ctx);
 // Chunk `rank` of data is this rank's; afterwards every chunk is.
-void ring_all_gather(Engine& e, float* data, const Chunks& c, const CallContext& ctx);
+void ring_all_gather(MpiGroupState& e, float* data, const Chunks& c, const CallContext& ctx);
 // In-place f32 sum: MPI_Allreduce, the ring, or hierarchical (per e.hierarchical).
-void all_reduce_f32(Engine& e, float* data, int64_t n, const CallContext& ctx);
+void all_reduce_f32(MpiGroupState& e, float* data, int64_t n, const CallContext& ctx);
 // Reduce-scatter (sum or avg) of f32 or bf16 blocks of n elements:
 // MPI_Reduce_scatter_block for small calls, else the ring in pieces of
 // piece_len(n, e.size) elements of every block (kCollectivePieceBytes).
-void reduce_scatter(Engine& e, const void* send, void* recv, int64_t n, DType dt, ReduceOp op,
-                    const CallContext& ctx);
+void reduce_scatter(MpiGroupState& e, const void* send, void* recv, int64_t n, DType dt,
+                    ReduceOp op, const CallContext& ctx);
 int64_t piece_len(int64_t n, int size);
 
 // Bytes of each scratch buffer that one call needs (what reserve_scratch
@@ -263,7 +264,7 @@ int64_t piece_len(int64_t n, int size);
 struct ScratchNeed {
     size_t scratch = 0, ring = 0, shard = 0;
 };
-ScratchNeed scratch_need(const Engine& e, CollOp op, int64_t count, DType dt);
+ScratchNeed scratch_need(const MpiGroupState& e, CollOp op, int64_t count, DType dt);
 
 Watchdog* watchdog();
 void set_watchdog(Watchdog* w);

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/model_spec.h"
+#include "core/parallelism.h"
 
 namespace apiary::core {
 
@@ -438,7 +439,7 @@ void add_shared_keys(Schema& s) {
                  "blocks per pipeline stage (per virtual stage when interleaved), comma-separated, "
                  "e.g. \"5,4,3\" (empty: balanced by the planner's cost model, the head's "
                  "cost included)");
-    s.add_string("parallel.axis_order", "tp,pp,dp",
+    s.add_string("parallel.axis_order", kAxisOrder,
                  "mesh axes from fastest-varying (neighbouring ranks) to slowest");
 }
 

@@ -183,7 +183,6 @@ Loader::Item Loader::produce(Cursor& cur) const {
         if (g < mine || g >= mine + b) continue;  // another rank's sample
         const uint64_t draw = mixer.drawn()[s] - 1;
         read_window(s, draw, window.data());
-        item.sources.push_back(static_cast<uint32_t>(s));
         const int64_t j = g - mine;
         for (int64_t r = 0; r < rows_per_window; ++r) {
             std::copy_n(window.data() + r * t, t + 1,
@@ -250,14 +249,7 @@ const Batch& Loader::next_batch() {
     }
     consumed_ = item.after;
     current_ = std::move(item.batch);
-    last_sources_ = std::move(item.sources);
     return current_;
-}
-
-std::pair<int64_t, int64_t> Loader::next_batch(int32_t* tokens) {
-    const Batch& b = next_batch();
-    std::copy(b.tokens.begin(), b.tokens.end(), tokens);
-    return {b.B, b.T};
 }
 
 std::vector<double> Loader::unigram(uint64_t max_tokens_per_source) const {

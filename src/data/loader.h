@@ -100,8 +100,6 @@ class Loader {
     // The next batch; valid until the following call. Rethrows any error the
     // prefetch thread met (e.g. an unreadable shard).
     const Batch& next_batch();
-    // Copies the next batch into tokens (room for max_batch_tokens()); returns (B, T).
-    std::pair<int64_t, int64_t> next_batch(int32_t* tokens);
 
     // (B_t, T_t) that step t will have.
     std::pair<int64_t, int64_t> shape_at(int64_t step) const;
@@ -118,9 +116,6 @@ class Loader {
     // max_tokens tokens in shard order, mixed by the source weights. The
     // trainer's baseline: the loss of the best model that ignores context.
     std::vector<double> unigram(uint64_t max_tokens_per_source) const;
-    uint64_t samples_in_source(size_t s) const { return sources_[s].windows; }
-    // Which source each window of the last returned batch came from.
-    const std::vector<uint32_t>& last_batch_sources() const { return last_sources_; }
 
   private:
     struct Source {
@@ -141,7 +136,6 @@ class Loader {
     };
     struct Item {
         Batch batch;
-        std::vector<uint32_t> sources;
         Cursor after;
     };
 
@@ -156,7 +150,6 @@ class Loader {
     std::vector<Source> sources_;
     Cursor consumed_, produced_;
     Batch current_;
-    std::vector<uint32_t> last_sources_;
 
     std::thread thread_;
     std::mutex mu_;

@@ -2,12 +2,12 @@
 
 #include <omp.h>
 
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <map>
 
 #include "core/error.h"
+#include "core/timing.h"
 #include "data/documents.h"
 #include "data/file_io.h"
 #include "data/shard.h"
@@ -127,7 +127,7 @@ void check_split(const PrepareOptions& opt, PrepareStats& stats, uint64_t units,
 }  // namespace
 
 PrepareStats prepare(const PrepareOptions& opt) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = core::Clock::now();
     if (opt.inputs.empty()) throw ConfigError("prepare: no --input files");
     if (opt.val_fraction < 0 || opt.val_fraction >= 1) {
         throw ConfigError(
@@ -258,7 +258,7 @@ PrepareStats prepare(const PrepareOptions& opt) {
         (s.split == "val" ? stats.val_tokens : stats.train_tokens) += s.tokens;
     check_split(opt, stats, next_index, split_units["val"]);
     m.save();
-    stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats.seconds = core::seconds_since(t0);
     return stats;
 }
 

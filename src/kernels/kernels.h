@@ -23,11 +23,10 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const flo
 //   x (N, IN), weight (OUT, IN), bias (OUT) or null, y (N, OUT)
 void linear_forward(float* y, const float* x, const float* weight, const float* bias, int64_t N,
                     int64_t IN, int64_t OUT);
-// dx (N, IN) = dy W (written, or added when accumulate_dx); dweight (OUT, IN)
-// += dy^T x; dbias (OUT) += column sums of dy. dx may be null.
+// dx (N, IN) = dy W (written); dweight (OUT, IN) += dy^T x; dbias (OUT) +=
+// column sums of dy. dx may be null.
 void linear_backward(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
-                     const float* weight, int64_t N, int64_t IN, int64_t OUT,
-                     bool accumulate_dx = false);
+                     const float* weight, int64_t N, int64_t IN, int64_t OUT);
 
 // ---- embeddings ----
 
@@ -157,8 +156,7 @@ void linear_forward_bf16_out(uint16_t* y, const uint16_t* x, const uint16_t* wei
 // dx (N, IN) = dy W; dweight (OUT, IN) += dy^T x; operands bf16, results fp32.
 // (The bias gradient needs the fp32 dy: use linear_bias_backward.)
 void linear_backward_bf16(float* dx, float* dweight, const uint16_t* dy, const uint16_t* x,
-                          const uint16_t* weight, int64_t N, int64_t IN, int64_t OUT,
-                          bool accumulate_dx = false);
+                          const uint16_t* weight, int64_t N, int64_t IN, int64_t OUT);
 // dbias (OUT) += column sums of dy (N, OUT).
 void linear_bias_backward(float* dbias, const float* dy, int64_t N, int64_t OUT);
 double measure_gemm_bf16_peak_flops(double seconds = 0.3);

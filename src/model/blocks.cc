@@ -175,7 +175,7 @@ void Transformer::block_backward(int l, const LayerActs& a, const float* in, int
     const int64_t N = B * T, n = rows(B, T), C = dims_.C, F = dims_.F, R = dims_.R(),
                   Cl = dims_.Cl(), NH = dims_.NH, KVH = dims_.KVH, HS = dims_.HS;
     const bool gpt2 = spec_.arch == Arch::gpt2, bf16 = precision_ == Precision::bf16;
-    if (shard_.recompute == Recompute::full) {
+    if (shard_.recompute == core::Recompute::full) {
         APIARY_PROFILE("recompute");
         block_forward(l, a, in, B, T);
     }
@@ -199,7 +199,7 @@ void Transformer::block_backward(int l, const LayerActs& a, const float* in, int
     norm_backward(p.ln2_w, p.ln2_b, dnorm_.f32(), act(a.res2), a.norm2_mean, a.norm2_rstd, n);
 
     // Attention.
-    if (shard_.recompute == Recompute::selective) {
+    if (shard_.recompute == core::Recompute::selective) {
         APIARY_PROFILE("recompute");
         attention_core_forward(a, B, T);
     }

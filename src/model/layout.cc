@@ -8,28 +8,6 @@
 
 namespace apiary::model {
 
-Recompute parse_recompute(const std::string& name) {
-    if (name == "none") return Recompute::none;
-    if (name == "selective") return Recompute::selective;
-    if (name == "full") return Recompute::full;
-    throw ConfigError(
-        fmt::format("parallel.recompute = '{}': known modes are none, selective "
-                    "(the attention core) and full (every block)",
-                    name));
-}
-
-const char* recompute_name(Recompute r) {
-    switch (r) {
-        case Recompute::none:
-            return "none";
-        case Recompute::selective:
-            return "selective";
-        case Recompute::full:
-            return "full";
-    }
-    return "?";
-}
-
 void vocab_slice(int64_t V, int tp_size, int tp_rank, int64_t* begin, int64_t* count) {
     const int64_t per = (V + tp_size - 1) / tp_size;
     const int64_t b = std::min<int64_t>(V, per * tp_rank);

@@ -12,18 +12,9 @@
 #include <vector>
 
 #include "core/model_spec.h"
+#include "core/parallelism.h"
 
 namespace apiary::model {
-
-// What backward recomputes instead of keeping from forward.
-//   none:      every activation is kept per micro-batch in flight.
-//   selective: the attention core (its output and log-sum-exp) is recomputed
-//              from the kept q, k, v (Korthikanti et al. 2022).
-//   full:      only each block's input is kept; the block's forward runs
-//              again just before its backward.
-enum class Recompute { none, selective, full };
-Recompute parse_recompute(const std::string& name);  // throws ConfigError
-const char* recompute_name(Recompute r);
 
 struct ModelShard {
     int tp_size = 1, tp_rank = 0;
@@ -37,7 +28,7 @@ struct ModelShard {
     // rank's 1/tp of the B*T rows; all-gather before the column-parallel
     // matmuls, reduce-scatter after the row-parallel ones.
     bool sequence_parallel = false;
-    Recompute recompute = Recompute::none;
+    core::Recompute recompute = core::Recompute::none;  // core/parallelism.h
     int slots = 1;  // micro-batches in flight per chunk (pipeline schedules)
 
     bool whole() const { return tp_size == 1 && embedding && head && chunks.size() <= 1; }

@@ -54,11 +54,11 @@ void Transformer::allocate_activations() {
         // shared work set, where backward recomputes it.
         auto kept = [&](Part part) {
             switch (shard_.recompute) {
-                case Recompute::none:
+                case core::Recompute::none:
                     return true;
-                case Recompute::selective:
+                case core::Recompute::selective:
                     return part != attention_core;
-                case Recompute::full:
+                case core::Recompute::full:
                     return part == always;
             }
             return true;
@@ -93,7 +93,7 @@ void Transformer::allocate_activations() {
         a.norm2_h = bf(N * C, other, work_.norm2_h);
         a.fc_act_h = bf(N * F, other, work_.fc_act_h);
     };
-    if (shard_.recompute != Recompute::none) layout(work_, true);
+    if (shard_.recompute != core::Recompute::none) layout(work_, true);
     for (auto& c : chunks_) {
         c.slots.resize(size_t(shard_.slots));
         for (auto& s : c.slots) {

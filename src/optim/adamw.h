@@ -42,7 +42,8 @@ class AdamW {
   public:
     // State (m, v) covers [shard_begin, shard_end) of the parameters' flat
     // layout (default: all of [0, flat_size)); step() updates only that
-    // window, which is how ZeRO stage 1 shards the optimizer across ranks.
+    // window. (Only a test narrows it: the engine's ZeRO stages give each
+    // rank's pieces as packed ranges instead, parallel/zero.h.)
     AdamW(std::vector<ParamRange> ranges, int64_t flat_size, AdamWOptions options,
           int64_t shard_begin = 0, int64_t shard_end = -1);
 

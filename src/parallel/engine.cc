@@ -9,19 +9,17 @@
 
 #include "core/error.h"
 #include "core/profile.h"
+#include "core/timing.h"
 #include "core/trace.h"
 
 namespace apiary::parallel {
 
+using core::Clock;
 using core::DType;
 using core::MemCategory;
-using Clock = std::chrono::steady_clock;
+using core::seconds_since;
 
 namespace {
-
-double since(Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // Point-to-point tags: one stream per receiving chunk and direction, so
 // that messages between the same two ranks never cross (process_group.h).
@@ -35,7 +33,8 @@ Engine::Engine(const core::ModelSpec& spec, const ParallelLayout& layout, comm::
     : spec_(spec),
       layout_(layout),
       world_(world && world->size() > 1 ? world : nullptr),
-      scaler_(o.loss_scaler, o.precision == model::Precision::fp16) {
+      scaler_(o.loss_scaler, o.precision == model::Precision::fp16),
+      overlap_reduction_(o.overlap_reduction) {
     APIARY_CHECK(layout_.mesh.world_size() == world_size(), "layout {} on {} ranks",
                  layout_.describe(), world_size());
     if (world_) {
@@ -55,7 +54,7 @@ Engine::Engine(const core::ModelSpec& spec, const ParallelLayout& layout, comm::
         has_tied_ = end;
     }
     if (layout_.tp() > 1) tp_ = std::make_unique<TpComm>(mesh_->tp());
-    const ScheduleKind kind = p == 1 ? ScheduleKind::one_f_one_b : layout_.schedule;
+    const PipelineSchedule kind = p == 1 ? PipelineSchedule::one_f_one_b : layout_.schedule;
     ops_ = pipeline_schedule(kind, p, coord_.pp, layout_.microbatches, layout_.virtual_stages);
 
     model::ModelOptions mo;
@@ -171,39 +170,13 @@ void Engine::init(uint64_t seed) {
     model_->init(seed);
 }
 
-void Engine::gather_flat(const float* packed, float* flat) {
-    if (layout_.zero_stage == 0) {
-        std::memcpy(flat, packed, size_t(model_->flat_size()) * sizeof(float));
-        return;
-    }
-    shards_->gather_full(packed, flat);
-}
-
-void Engine::load_flat_params(const float* flat) {
-    if (layout_.zero_stage == 3) {
-        store_->load_parameters(flat);
-        return;
-    }
-    std::memcpy(model_->params(), flat, size_t(model_->flat_size()) * sizeof(float));
-}
-
-void Engine::load_flat_state(const float* m, const float* v) {
-    if (layout_.zero_stage == 0) {
-        std::memcpy(adam_->m(), m, size_t(model_->flat_size()) * sizeof(float));
-        std::memcpy(adam_->v(), v, size_t(model_->flat_size()) * sizeof(float));
-        return;
-    }
-    shards_->pack(m, adam_->m());
-    shards_->pack(v, adam_->v());
-}
-
 double Engine::reduction_alone_seconds() {
     if (!sync_ || store_) return 0.0;
     const auto t0 = Clock::now();
     sync_->reset();
     sync_->on_ready(0);
     sync_->finish();
-    return since(t0);
+    return seconds_since(t0);
 }
 
 void Engine::params_loaded() {
@@ -232,7 +205,7 @@ void Engine::recv(float* data, int64_t n, int src, int tag) {
     const auto t0 = Clock::now();
     APIARY_TRACE("pp recv", core::trace::Kind::wait, -1, int64_t(4 * n));
     mesh_->pp().recv(data, n, DType::f32, src, {"pp_recv", tag})->wait();
-    times_.pp_wait += since(t0);
+    times_.pp_wait += seconds_since(t0);
     pp_bytes_ += 4.0 * double(n);
 }
 
@@ -275,7 +248,7 @@ void Engine::forward_op(const PipeOp& op, const int32_t* rows, int64_t B, int64_
     const auto t0 = Clock::now();
     const double tp0 = tp_ ? tp_->seconds() : 0.0;
     model_->forward(op.chunk, slot, tokens_.data(), j > 0 ? io_.f32() : nullptr, B, T);
-    const double dt = since(t0);
+    const double dt = seconds_since(t0);
     times_.compute += dt;
     times_.forward += dt - (tp_ ? tp_->seconds() - tp0 : 0.0);
     times_.forward_op += dt;
@@ -294,10 +267,11 @@ void Engine::backward_op(const PipeOp& op, const int32_t* rows, int64_t B, int64
     const int64_t n = model_->rows(B, T) * spec_.n_embd;
     // The reductions start from inside the backward of each chunk's last
     // micro-batch.
-    if (op.micro == m - 1) {
+    if (op.micro == m - 1 && overlap_reduction_) {
         model_->set_grad_ready_hook([this](int64_t from) { on_grads_ready(from); });
     }
     if (j < last) recv(io_.f32(), n, (s + 1) % p, gradient_tag(op.chunk));
+    if (sync_) sync_->set_in_backward(true);
     const auto t0 = Clock::now();
     const double tp0 = tp_ ? tp_->seconds() : 0.0;
     if (j == last) {
@@ -309,7 +283,8 @@ void Engine::backward_op(const PipeOp& op, const int32_t* rows, int64_t B, int64
         }
     }
     model_->backward(op.chunk, slot, j < last ? io_.f32() : nullptr);
-    const double dt = since(t0);
+    if (sync_) sync_->set_in_backward(false);
+    const double dt = seconds_since(t0);
     times_.compute += dt;
     times_.backward += dt - (tp_ ? tp_->seconds() - tp0 : 0.0);
     times_.backward_op += dt;
@@ -388,7 +363,7 @@ void Engine::finish_grads() {
             ->all_reduce(model_->grads() + e.offset, e.numel(), DType::f32, comm::ReduceOp::sum,
                          {"tied_grads", 0})
             ->wait();
-        times_.pp_wait += since(t0);
+        times_.pp_wait += seconds_since(t0);
         if (sync_) sync_->on_ready(0);
     }
     if (sync_) {
@@ -471,8 +446,8 @@ StepResult Engine::train_step(const int32_t* rows, int64_t n_rows, int64_t T, do
     const bool overflow = !std::isfinite(raw_norm);
     r.applied = scaler_.update(overflow, adam_->step_count() + scaler_.skipped_steps() + 1);
     if (!r.applied) {
-        times_.optimizer = since(t_opt);
-        times_.total = since(t_start);
+        times_.optimizer = seconds_since(t_opt);
+        times_.total = seconds_since(t_start);
         return r;
     }
     const int zero = layout_.zero_stage;
@@ -486,8 +461,8 @@ StepResult Engine::train_step(const int32_t* rows, int64_t n_rows, int64_t T, do
     if (copy) model_->bf16_weights_written();
     if (zero == 1 || zero == 2) shards_->all_gather_in_place(model_->params());
     if (zero == 3) store_->invalidate_params();
-    times_.optimizer = since(t_opt);
-    times_.total = since(t_start);
+    times_.optimizer = seconds_since(t_opt);
+    times_.total = seconds_since(t_start);
     return r;
 }
 

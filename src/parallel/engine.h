@@ -11,8 +11,11 @@
 //   3. data parallelism with ZeRO 0-3 (parallel/zero.h) over the shard's
 //      flat buffers; the optimizer updates this rank's part
 //
-// One code path: a single rank is the plan whose groups have size 1. The
-// step itself is train_step(), which the trainer and every benchmark call.
+// One code path for every layout, a single rank included; but a part the
+// layout does not need is absent rather than of size 1 (world_ null for one
+// rank, tp_ without tensor parallelism, sync_ without data parallelism,
+// store_ below ZeRO stage 2), and the step checks for it. The step itself is
+// train_step(), which the trainer and every benchmark call.
 
 #include <chrono>
 #include <cstdint>
@@ -41,6 +44,10 @@ struct EngineOptions {
     optim::LossScalerOptions loss_scaler;  // used when precision is fp16
     double bucket_mb = 25.0;
     bool bf16_wire = false;  // gradients cross the data-parallel wire in bf16
+    // Stages 0-1 start each bucket's reduction from inside backward as it
+    // completes; false defers them all until after backward (to compare
+    // against; stages 2-3 reduce each lent unit as it is released either way).
+    bool overlap_reduction = true;
     // Global tensor names starting with any of these are not trained.
     std::vector<std::string> freeze;
 };
@@ -122,18 +129,9 @@ class Engine {
     optim::LossScaler& loss_scaler() { return scaler_; }
     const optim::LossScaler& loss_scaler() const { return scaler_; }
     int zero_stage() const { return layout_.zero_stage; }
-    DpShards* shards() { return shards_.get(); }
     // This rank's master parameters and optimizer state, in the layout the
     // optimizer sees (the shard's flat buffer, or its packed ZeRO pieces).
     float* optimizer_params();
-    const std::vector<optim::ParamRange>& optimizer_ranges() const { return ranges_; }
-    // The whole flat buffer of the shard gathered over the data-parallel
-    // ranks (collective): params, or AdamW's m / v.
-    void gather_flat(const float* packed, float* flat);
-    // Sets the parameters from a whole flat buffer of the shard (resume).
-    void load_flat_params(const float* flat);
-    // Sets AdamW's state from whole flat buffers of m and v.
-    void load_flat_state(const float* m, const float* v);
     // After optimizer_params() (and the model's parameters) were written
     // directly: drops whatever was gathered from the old values.
     void params_loaded();
@@ -155,7 +153,7 @@ class Engine {
     }
     int num_buckets() const { return sync_ ? sync_->num_buckets() : 0; }
     // The last step's data-parallel reductions, and those started inside
-    // backward (overlapping it).
+    // the model's backward (overlapping it; GradSync counts them).
     int dp_reductions() const { return sync_ ? sync_->reductions() : 0; }
     int dp_reductions_in_backward() const { return sync_ ? sync_->reductions_in_backward() : 0; }
     // Seconds the data-parallel gradient reduction of a step takes with
@@ -216,6 +214,7 @@ class Engine {
     double pp_bytes_ = 0;
     double signals_[3] = {0, 0, 0};  // health, busy, -busy: one max all-reduce
     bool exchange_signals_ = false;
+    bool overlap_reduction_ = true;
 };
 
 }  // namespace apiary::parallel

@@ -36,8 +36,8 @@ ParallelLayout parallel_layout_from(const core::Config& c, const core::ModelSpec
     const int tp = out.mesh.tp, pp = out.mesh.pp;
     out.zero_stage = int(c.get_int("parallel.zero_stage"));
     check_zero_stage(out.zero_stage);
-    out.recompute = model::parse_recompute(c.get_string("parallel.recompute"));
-    out.schedule = parse_schedule(c.get_string("parallel.schedule"));
+    out.recompute = core::parse_recompute(c.get_string("parallel.recompute"));
+    out.schedule = core::parse_pipeline_schedule(c.get_string("parallel.schedule"));
     out.sequence_parallel = c.get_bool("parallel.sequence_parallel");
     const int64_t B = c.get_int("train.batch_size"), T = c.get_int("train.seq_len");
     const int accum = int(c.get_int("train.grad_accum"));
@@ -74,7 +74,7 @@ ParallelLayout parallel_layout_from(const core::Config& c, const core::ModelSpec
     }
 
     // Pipeline parallelism.
-    if (out.schedule == ScheduleKind::interleaved) {
+    if (out.schedule == PipelineSchedule::interleaved) {
         if (pp == 1) {
             throw ConfigError(
                 "parallel.schedule = 'interleaved' needs parallel.pp > 1 (there is "
@@ -88,7 +88,7 @@ ParallelLayout parallel_layout_from(const core::Config& c, const core::ModelSpec
                 accum, pp, ((accum + pp - 1) / pp) * pp));
         }
     }
-    if (pp > 1 && out.schedule == ScheduleKind::one_f_one_b && accum < pp) {
+    if (pp > 1 && out.schedule == PipelineSchedule::one_f_one_b && accum < pp) {
         throw ConfigError(fmt::format(
             "parallel.schedule = '1f1b' with {} micro-batches (train.grad_accum) and "
             "parallel.pp = {} stages: 1F1B needs at least as many micro-batches as stages; set "
@@ -147,15 +147,16 @@ std::string ParallelLayout::describe() const {
     for (const auto& s : stage_blocks) counts.push_back(int(s.size()));
     std::string pipe;
     if (mesh.pp > 1) {
-        pipe = fmt::format(", {}{}, {} micro-batches, blocks per stage {}", schedule_name(schedule),
+        pipe = fmt::format(", {}{}, {} micro-batches, blocks per stage {}",
+                           core::pipeline_schedule_name(schedule),
                            virtual_stages > 1 ? fmt::format(" x{}", virtual_stages) : "",
                            microbatches, join(counts, "+"));
     }
     return fmt::format("dp {} x tp {} x pp {}{}{}{}{}", mesh.dp, mesh.tp, mesh.pp,
                        zero_stage ? fmt::format(", zero {}", zero_stage) : "",
                        sequence_parallel ? ", sequence parallel" : "",
-                       recompute != model::Recompute::none
-                           ? fmt::format(", recompute {}", model::recompute_name(recompute))
+                       recompute != core::Recompute::none
+                           ? fmt::format(", recompute {}", core::recompute_name(recompute))
                            : "",
                        pipe);
 }

@@ -22,8 +22,8 @@ struct ParallelLayout {
     comm::MeshShape mesh;
     int zero_stage = 0;
     bool sequence_parallel = false;
-    model::Recompute recompute = model::Recompute::none;
-    ScheduleKind schedule = ScheduleKind::one_f_one_b;
+    core::Recompute recompute = core::Recompute::none;
+    PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
     int virtual_stages = 1;  // chunks per pipeline stage
     int microbatches = 1;    // per optimizer step (train.grad_accum)
     // Blocks of each virtual stage j = chunk * pp + stage, in order.
@@ -38,8 +38,9 @@ struct ParallelLayout {
     model::ModelShard shard(const comm::MeshCoord& coord) const;
 };
 
-// Throws ConfigError on any inconsistency. B, T: the micro-batch; the
-// shapes a sequence-length curriculum passes through are checked too.
+// Throws ConfigError on any inconsistency. The micro-batch
+// (train.batch_size, train.seq_len) and the shapes a sequence-length
+// curriculum passes through are checked too.
 ParallelLayout parallel_layout_from(const core::Config& config, const core::ModelSpec& spec,
                                     int world_size);
 

@@ -11,26 +11,6 @@
 
 namespace apiary::parallel {
 
-ScheduleKind parse_schedule(const std::string& name) {
-    if (name == "gpipe") return ScheduleKind::gpipe;
-    if (name == "1f1b") return ScheduleKind::one_f_one_b;
-    if (name == "interleaved") return ScheduleKind::interleaved;
-    throw ConfigError(fmt::format(
-        "parallel.schedule = '{}': known schedules are gpipe, 1f1b and interleaved", name));
-}
-
-const char* schedule_name(ScheduleKind kind) {
-    switch (kind) {
-        case ScheduleKind::gpipe:
-            return "gpipe";
-        case ScheduleKind::one_f_one_b:
-            return "1f1b";
-        case ScheduleKind::interleaved:
-            return "interleaved";
-    }
-    return "?";
-}
-
 namespace {
 
 // Megatron-LM's interleaved order: the k-th forward (backward) of a stage
@@ -45,18 +25,18 @@ PipeOp interleaved_op(int k, bool forward, int p, int v) {
 
 }  // namespace
 
-std::vector<PipeOp> pipeline_schedule(ScheduleKind kind, int p, int stage, int m, int v) {
+std::vector<PipeOp> pipeline_schedule(PipelineSchedule kind, int p, int stage, int m, int v) {
     APIARY_CHECK(p >= 1 && stage >= 0 && stage < p && m >= 1 && v >= 1,
                  "schedule of stage {} of {}, {} micro-batches, {} chunks", stage, p, m, v);
-    APIARY_CHECK(v == 1 || kind == ScheduleKind::interleaved,
+    APIARY_CHECK(v == 1 || kind == PipelineSchedule::interleaved,
                  "{} virtual stages need the interleaved schedule", v);
     std::vector<PipeOp> ops;
-    if (kind == ScheduleKind::gpipe) {
+    if (kind == PipelineSchedule::gpipe) {
         for (int i = 0; i < m; ++i) ops.push_back({true, 0, i});
         for (int i = 0; i < m; ++i) ops.push_back({false, 0, i});
         return ops;
     }
-    if (kind == ScheduleKind::one_f_one_b) {
+    if (kind == PipelineSchedule::one_f_one_b) {
         const int warmup = std::min(p - stage - 1, m);
         for (int i = 0; i < warmup; ++i) ops.push_back({true, 0, i});
         for (int i = 0; i < m - warmup; ++i) {
@@ -92,7 +72,7 @@ int slots_needed(const std::vector<PipeOp>& ops) {
 
 double ideal_bubble(int p, int m, int v) { return double(p - 1) / double(v * m + p - 1); }
 
-std::vector<double> replay_idle(ScheduleKind kind, int p, int m, int v,
+std::vector<double> replay_idle(PipelineSchedule kind, int p, int m, int v,
                                 const std::vector<double>& fwd, const std::vector<double>& bwd) {
     APIARY_CHECK(int(fwd.size()) == p && int(bwd.size()) == p, "{} stages, {} / {} op times", p,
                  fwd.size(), bwd.size());
@@ -136,7 +116,7 @@ std::vector<double> replay_idle(ScheduleKind kind, int p, int m, int v,
     return idle;
 }
 
-std::string check_schedules(ScheduleKind kind, int p, int m, int v) {
+std::string check_schedules(PipelineSchedule kind, int p, int m, int v) {
     std::vector<std::vector<PipeOp>> ops(static_cast<size_t>(p));
     for (int s = 0; s < p; ++s) ops[size_t(s)] = pipeline_schedule(kind, p, s, m, v);
     return check_schedules(ops, v);

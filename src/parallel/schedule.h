@@ -16,11 +16,15 @@
 #include <string>
 #include <vector>
 
+#include "core/parallelism.h"
+
 namespace apiary::parallel {
 
-enum class ScheduleKind { gpipe, one_f_one_b, interleaved };
-ScheduleKind parse_schedule(const std::string& name);  // throws ConfigError
-const char* schedule_name(ScheduleKind kind);
+using core::PipelineSchedule;  // core/parallelism.h: the kinds and their parser
+// The kind's name (core::pipeline_schedule_name; kept for train/checkpoint.cc).
+inline const char* schedule_name(PipelineSchedule kind) {
+    return core::pipeline_schedule_name(kind);
+}
 
 struct PipeOp {
     bool forward = true;
@@ -32,7 +36,7 @@ struct PipeOp {
 // The ops of `stage` in the order it runs them: every (chunk, micro) once
 // forward and once backward, each chunk's forwards and backwards in micro
 // order. v > 1 needs kind = interleaved.
-std::vector<PipeOp> pipeline_schedule(ScheduleKind kind, int p, int stage, int m, int v);
+std::vector<PipeOp> pipeline_schedule(PipelineSchedule kind, int p, int stage, int m, int v);
 
 // Micro-batches of one chunk in flight at once (forward done, backward not
 // yet) under the schedule: the activation slots the stage needs.
@@ -42,7 +46,7 @@ int slots_needed(const std::vector<PipeOp>& ops);
 // (activations forward, gradients backward) between virtual stages is
 // received in the order it is sent, and running the ranks with blocking
 // receives and non-blocking sends ends. Returns "" or what goes wrong.
-std::string check_schedules(ScheduleKind kind, int p, int m, int v);
+std::string check_schedules(PipelineSchedule kind, int p, int m, int v);
 // The same for given op lists, one per stage.
 std::string check_schedules(const std::vector<std::vector<PipeOp>>& ops, int v);
 
@@ -50,7 +54,7 @@ std::string check_schedules(const std::vector<std::vector<PipeOp>>& ops, int v);
 // fwd[stage] and bwd[stage] seconds (per chunk and micro-batch) and
 // messages arriving at once: each stage's idle fraction of the step
 // (makespan). With equal times it is ideal_bubble() on every stage.
-std::vector<double> replay_idle(ScheduleKind kind, int p, int m, int v,
+std::vector<double> replay_idle(PipelineSchedule kind, int p, int m, int v,
                                 const std::vector<double>& fwd, const std::vector<double>& bwd);
 
 // Fraction of a step a stage idles in the ideal schedule, (p - 1) / (v m +

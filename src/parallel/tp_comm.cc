@@ -1,7 +1,6 @@
 #include "parallel/tp_comm.h"
 
-#include <chrono>
-
+#include "core/timing.h"
 #include "core/trace.h"
 
 namespace apiary::parallel {
@@ -10,10 +9,10 @@ using comm::DType;
 using comm::ReduceOp;
 
 void TpComm::wait(const comm::WorkHandle& w, double bytes) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = core::Clock::now();
     APIARY_TRACE("tp wait", core::trace::Kind::wait, -1, int64_t(bytes));
     w->wait();
-    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    seconds_ += core::seconds_since(t0);
     bytes_ += bytes;
     ++calls_;
 }

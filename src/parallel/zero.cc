@@ -3,11 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 #include "core/error.h"
 #include "core/profile.h"
+#include "core/timing.h"
 #include "core/trace.h"
 #include "kernels/kernels.h"
 
@@ -18,12 +18,10 @@ using core::MemCategory;
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
+using core::seconds_since;
 
 double wait_and_time(const comm::WorkHandle& w) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = core::Clock::now();
     w->wait();
     return seconds_since(t0);
 }
@@ -112,17 +110,6 @@ void DpShards::pack(const float* full, float* packed) const {
     }
 }
 
-void DpShards::gather_full(const float* packed, float* full) {
-    std::vector<comm::WorkHandle> works;
-    for (size_t u = 0; u < units_.size(); ++u) {
-        const Piece& p = pieces_[u];
-        if (p.count == 0) continue;
-        works.push_back(dp_.all_gather(packed + p.packed, full + units_[u].begin, p.count,
-                                       DType::f32, {"zero_gather", int64_t(u)}));
-    }
-    comm::wait_all(works);
-}
-
 void DpShards::all_gather_in_place(float* flat) {
     APIARY_PROFILE("parameter all-gather");
     APIARY_TRACE("parameter all-gather", core::trace::Kind::wait);
@@ -164,11 +151,11 @@ AllReduceSync::~AllReduceSync() { drain(bf16_works_); }
 void AllReduceSync::reset() {
     next_ = buckets_->num_buckets() - 1;
     exposed_s_ = 0;
-    started_ = started_in_backward_ = 0;
+    reset_counts();
 }
 
 void AllReduceSync::start(int i) {
-    ++started_;
+    count_start();
     if (!bf16_wire_) {
         buckets_->mark_ready(i);
         return;
@@ -189,13 +176,12 @@ void AllReduceSync::on_ready(int64_t final_from) {
 void AllReduceSync::finish() {
     APIARY_PROFILE("gradient communication wait");
     APIARY_TRACE("dp wait", core::trace::Kind::wait);
-    started_in_backward_ = started_;
     on_ready(0);
     if (!bf16_wire_) {
         buckets_->finish();
         return;
     }
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = core::Clock::now();
     for (auto& w : bf16_works_) {
         w->wait();
         w.reset();
@@ -233,7 +219,7 @@ ReduceScatterSync::~ReduceScatterSync() { drain(works_); }
 void ReduceScatterSync::reset() {
     next_ = int(units_.size()) - 1;
     exposed_s_ = 0;
-    started_ = started_in_backward_ = 0;
+    reset_counts();
 }
 
 void ReduceScatterSync::on_ready(int64_t final_from) {
@@ -241,7 +227,7 @@ void ReduceScatterSync::on_ready(int64_t final_from) {
         const int u = next_--;
         const auto& p = shards_.pieces()[size_t(u)];
         if (p.count == 0) continue;
-        ++started_;
+        count_start();
         float* g = model_.grads();
         const int64_t begin = units_[size_t(u)].begin;
         if (bf16_wire_) {
@@ -261,7 +247,6 @@ void ReduceScatterSync::on_ready(int64_t final_from) {
 void ReduceScatterSync::finish() {
     APIARY_PROFILE("gradient communication wait");
     APIARY_TRACE("dp wait", core::trace::Kind::wait);
-    started_in_backward_ = started_;
     on_ready(0);
     for (size_t u = 0; u < works_.size(); ++u) {
         if (!works_[u]) continue;
@@ -471,8 +456,7 @@ void ShardedStore::release_grads(int u) {
     if (before_reduce_) before_reduce_(u, s->buf.f32());
     const auto& p = shards_.pieces()[size_t(u)];
     const int64_t count = units_[size_t(u)].size();
-    ++started_;
-    ++started_in_backward_;
+    count_start();
     if (bf16_wire_) {
         kernels::to_bf16(s->wire.data<uint16_t>(), s->buf.f32(), count);
         s->work = dp_.reduce_scatter(s->wire.data<uint16_t>(), s->recv.data<uint16_t>(), p.count,

@@ -64,8 +64,6 @@ class DpShards {
     int64_t packed_size() const { return packed_size_; }
     // This rank's pieces of a whole flat buffer into a packed shard.
     void pack(const float* full, float* packed) const;
-    // Every rank's pieces into `full` on every rank (collective).
-    void gather_full(const float* packed, float* full);
     // Every rank's updated pieces of `flat` into everyone's (in place).
     void all_gather_in_place(float* flat);
 
@@ -92,13 +90,29 @@ class GradSync {
     virtual double exposed_seconds() const = 0;
     virtual void reset() = 0;
     virtual int num_buckets() const = 0;
-    // Reductions of the last step, and how many of them started before
-    // finish(): inside backward, overlapping it.
+    // Reductions of the last step, and how many of them started while the
+    // engine ran the model's backward (from its gradient hook or, at stages
+    // 2-3, as it released a unit's gradients): overlapping it. Those the
+    // engine starts afterwards (finish() and what precedes it) do not count.
     int reductions() const { return started_; }
     int reductions_in_backward() const { return started_in_backward_; }
+    // The engine marks the span of the model's backward calls.
+    void set_in_backward(bool in) { in_backward_ = in; }
 
   protected:
+    // Every reduction start goes through here.
+    void count_start() {
+        ++started_;
+        if (in_backward_) ++started_in_backward_;
+    }
+    void reset_counts() {
+        started_ = started_in_backward_ = 0;
+        in_backward_ = false;
+    }
+
+  private:
     int started_ = 0, started_in_backward_ = 0;
+    bool in_backward_ = false;
 };
 
 // Stage 0: bucketed all-reduce, optionally bf16 on the wire.
@@ -182,7 +196,7 @@ class ShardedStore : public model::UnitStore, public GradSync {
     double exposed_seconds() const override { return exposed_s_; }
     void reset() override {
         exposed_s_ = 0;
-        started_ = started_in_backward_ = 0;
+        reset_counts();
     }
     int num_buckets() const override { return int(shards_.pieces().size()); }
 

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/timing.h"
 #include "plan/step_time.h"
 
 namespace apiary::plan {
@@ -124,10 +125,8 @@ double median_step_time(const std::string& path, int* steps, long long* world_si
     // The first steps pay for page faults, thread start-up and caches.
     const size_t skip = times.size() >= 3 ? std::max<size_t>(1, times.size() / 10) : 0;
     std::vector<double> rest(times.begin() + long(skip), times.end());
-    std::sort(rest.begin(), rest.end());
     *steps = int(rest.size());
-    const size_t h = rest.size() / 2;
-    return rest.size() % 2 ? rest[h] : 0.5 * (rest[h - 1] + rest[h]);
+    return core::median(std::move(rest));
 }
 
 namespace {

@@ -14,8 +14,9 @@ double ring_reduce_scatter_s(long long n, double bytes, double bw, double alpha)
 double tree_all_reduce_s(long long n, double bytes, double bw, double alpha);
 
 // A process group: `size` ranks, consecutive members `stride` ranks apart in
-// the global rank order (axis order tp, pp, dp: tp groups have stride 1,
-// pp stride tp, dp stride tp * pp). Ranks fill nodes in order.
+// the global rank order (core/parallelism.h: tp, cp, dp, pp; tp groups have
+// stride 1, dp stride tp * cp, pp stride tp * cp * dp). Ranks fill nodes in
+// order.
 struct Group {
     long long size = 1;
     long long stride = 1;
@@ -39,7 +40,9 @@ double reduce_scatter_s(const Cluster& c, Group g, double bytes);  // = all-gath
 double p2p_s(const Cluster& c, long long stride, double bytes);
 // All-to-all in which every rank sends `bytes` in total, 1/size of it to
 // each member (itself included): the node-local share over the intra-node
-// link and the rest over the rank's NIC, concurrently.
+// link and the rest over the rank's NIC, concurrently. Pairwise: a latency
+// per peer on the node, and per peer node across nodes (the messages to one
+// node's ranks leave through the rank's NIC together). sim/ uses it too.
 double all_to_all_s(const Cluster& c, Group g, double bytes);
 
 }  // namespace apiary::plan

@@ -96,7 +96,7 @@ double block_activation_bytes(const Workload& w, const Layout& l, bool experts, 
 std::vector<int> virtual_stage_layers(const Workload& w, const Layout& l, Impl impl) {
     if (!l.stage_layers.empty()) return l.stage_layers;
     const int L = w.model.n_layer;
-    const int parts = l.pp * (l.schedule == Schedule::interleaved ? std::max(1, l.vpp) : 1);
+    const int parts = l.pp * (l.schedule == PipelineSchedule::interleaved ? std::max(1, l.vpp) : 1);
     if (impl == Impl::apiary && parts == l.pp) {
         return core::balanced_stage_layers(w.model, parts, w.seq_len);
     }
@@ -163,7 +163,7 @@ long long in_flight(const Layout& l, int stage) {
     // Micro-batches whose activations a stage holds at its peak: GPipe keeps
     // all of them; 1F1B keeps pp - stage; interleaving adds (p-1)/(p v) of
     // a pipeline's worth (Narayanan et al. 2021, Korthikanti et al. 2022).
-    if (l.schedule == Schedule::gpipe) return l.n_micro;
+    if (l.schedule == PipelineSchedule::gpipe) return l.n_micro;
     return std::min<long long>(l.pp - stage, l.n_micro);
 }
 
@@ -243,7 +243,7 @@ Memory stage_memory(const Workload& w, const Layout& l, const Cluster& c, const 
     mem.optimizer = shard(sb.optimizer, 1);
 
     double mult = double(in_flight(l, stage));
-    if (l.schedule == Schedule::interleaved && l.vpp > 1) {
+    if (l.schedule == PipelineSchedule::interleaved && l.vpp > 1) {
         mult = std::min<double>(mult * (1.0 + double(l.pp - 1) / (double(l.pp) * l.vpp)),
                                 double(l.n_micro));
     }

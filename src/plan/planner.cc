@@ -19,26 +19,6 @@ namespace {
 constexpr double kGiB = 1024.0 * 1024 * 1024;
 }
 
-const char* recompute_name(Recompute r) {
-    return r == Recompute::none ? "none" : r == Recompute::selective ? "selective" : "full";
-}
-Recompute parse_recompute(const std::string& s) {
-    if (s == "none") return Recompute::none;
-    if (s == "selective") return Recompute::selective;
-    if (s == "full") return Recompute::full;
-    throw ConfigError(
-        fmt::format("parallel.recompute: unknown value '{}' (known: none, selective, full)", s));
-}
-const char* schedule_name(Schedule s) {
-    return s == Schedule::gpipe ? "gpipe" : s == Schedule::one_f_one_b ? "1f1b" : "interleaved";
-}
-Schedule parse_schedule(const std::string& s) {
-    if (s == "gpipe") return Schedule::gpipe;
-    if (s == "1f1b") return Schedule::one_f_one_b;
-    if (s == "interleaved") return Schedule::interleaved;
-    throw ConfigError(
-        fmt::format("parallel.schedule: unknown value '{}' (known: gpipe, 1f1b, interleaved)", s));
-}
 const char* algo_name(Algo a) {
     switch (a) {
         case Algo::automatic:
@@ -332,11 +312,11 @@ std::string layout_problem(const Workload& w, const Layout& l) {
             "parallel.ep = {} does not divide the {} data-parallel ranks it is carved from", l.ep,
             l.dp);
     }
-    if (l.schedule == Schedule::interleaved && l.pp == 1) {
+    if (l.schedule == PipelineSchedule::interleaved && l.pp == 1) {
         return "parallel.schedule = interleaved needs parallel.pp > 1 (there is no pipeline to "
                "interleave): use 1f1b";
     }
-    const int chunks = l.schedule == Schedule::interleaved ? l.vpp : 1;
+    const int chunks = l.schedule == PipelineSchedule::interleaved ? l.vpp : 1;
     // Uneven stages and chunks are allowed (the fullest one is costed), as
     // Megatron-Core and DeepSpeed balance them; every chunk needs a block.
     if (l.pp * chunks > m.n_layer) {
@@ -384,21 +364,23 @@ PlanInput resolve_input(const core::Config& cfg, bool check_layout) {
     l.cp = int(cfg.get_int("parallel.cp"));
     l.ep = int(cfg.get_int("parallel.ep"));
     l.zero = int(cfg.get_int("parallel.zero_stage"));
-    l.recompute = parse_recompute(cfg.get_string("parallel.recompute"));
+    l.recompute = core::parse_recompute(cfg.get_string("parallel.recompute"));
     l.sp = cfg.get_bool("parallel.sequence_parallel") && l.tp > 1;
     if (cfg.get_bool("parallel.sequence_parallel") && l.tp == 1) {
         in.warnings.push_back(
             "parallel.sequence_parallel = true is ignored: it shards along tensor-parallel "
             "ranks and parallel.tp = 1");
     }
-    if (cfg.get_string("parallel.axis_order") != "tp,pp,dp") {
+    if (cfg.get_string("parallel.axis_order") != core::kAxisOrder) {
         in.warnings.push_back(fmt::format(
             "parallel.axis_order = '{}' is not used by the planner: it places ranks tp, cp, dp "
-            "(ep inside dp), pp, as Megatron-Core does",
-            cfg.get_string("parallel.axis_order")));
+            "(ep inside dp), pp, as Megatron-Core does and as the trainer does by default ({})",
+            cfg.get_string("parallel.axis_order"), core::kAxisOrder));
     }
-    l.schedule = parse_schedule(cfg.get_string("parallel.schedule"));
-    l.vpp = l.schedule == Schedule::interleaved ? int(cfg.get_int("parallel.virtual_stages")) : 1;
+    l.schedule = core::parse_pipeline_schedule(cfg.get_string("parallel.schedule"));
+    l.vpp = l.schedule == PipelineSchedule::interleaved
+                ? int(cfg.get_int("parallel.virtual_stages"))
+                : 1;
     l.micro_batch = int(cfg.get_int("train.batch_size"));
     const long long model_par = (long long)l.tp * l.cp * l.pp;
     long long n = cfg.get_int("cluster.gpus");
@@ -520,8 +502,8 @@ std::string layout_string(const Layout& l) {
     s += fmt::format("pp={} dp={} ", l.pp, l.dp);
     if (l.ep > 1) s += fmt::format("ep={} ", l.ep);
     s += fmt::format("zero={} mb={} recompute={} {}", l.zero, l.micro_batch,
-                     recompute_name(l.recompute), schedule_name(l.schedule));
-    if (l.schedule == Schedule::interleaved) s += fmt::format("x{}", l.vpp);
+                     core::recompute_name(l.recompute), core::pipeline_schedule_name(l.schedule));
+    if (l.schedule == PipelineSchedule::interleaved) s += fmt::format("x{}", l.vpp);
     if (l.sp) s += " sp";
     return s;
 }

@@ -51,9 +51,9 @@ nlohmann::json to_json(const Plan& p, const Cluster& c) {
                    {"zero_stage", l.zero},
                    {"micro_batch", l.micro_batch},
                    {"microbatches", l.n_micro},
-                   {"recompute", recompute_name(l.recompute)},
+                   {"recompute", core::recompute_name(l.recompute)},
                    {"sequence_parallel", l.sp},
-                   {"schedule", schedule_name(l.schedule)},
+                   {"schedule", core::pipeline_schedule_name(l.schedule)},
                    {"virtual_stages", l.vpp}};
     j["precision"] = dtype_name(p.w.dtype);
     j["seq_len"] = p.w.seq_len;

@@ -3,9 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 
+#include "core/timing.h"
 #include "plan/memory.h"
 #include "plan/step_time.h"
 #include "plan/totals.h"
@@ -57,10 +57,10 @@ void search_layout(const Workload& w, const Cluster& c, const SearchOptions& opt
                    const Layout& base, SearchResult& r, std::vector<Scored>& kept, Drop&& drop) {
     const int tp = base.tp, pp = base.pp;
     const long long dp = base.dp;
-    std::vector<std::pair<Schedule, int>> scheds{{Schedule::one_f_one_b, 1}};
+    std::vector<std::pair<PipelineSchedule, int>> scheds{{PipelineSchedule::one_f_one_b, 1}};
     if (pp > 1) {
-        scheds.push_back({Schedule::gpipe, 1});
-        for (int v : opt.virtual_stages) scheds.push_back({Schedule::interleaved, v});
+        scheds.push_back({PipelineSchedule::gpipe, 1});
+        for (int v : opt.virtual_stages) scheds.push_back({PipelineSchedule::interleaved, v});
     }
     // Fused attention stores no scores: selective recomputation is a no-op.
     std::vector<Recompute> rcs{Recompute::none, Recompute::full};
@@ -109,7 +109,7 @@ void search_layout(const Workload& w, const Cluster& c, const SearchOptions& opt
 }  // namespace
 
 SearchResult search(const Workload& w, const Cluster& cluster, const SearchOptions& opt) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = core::Clock::now();
     SearchResult r;
     r.min_bytes = INFINITY;
     std::vector<Scored> kept;
@@ -162,7 +162,7 @@ SearchResult search(const Workload& w, const Cluster& cluster, const SearchOptio
         r.best.push_back(evaluate(w, kept[i].l, c));
         r.best_devices.push_back(kept[i].n);
     }
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    r.seconds = core::seconds_since(t0);
     return r;
 }
 

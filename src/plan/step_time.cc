@@ -379,7 +379,7 @@ std::vector<PerMicro> stage_times(const Workload& w, const Layout& l, const Clus
 // (the slowest stage sets the pace). Returns the slowest stage.
 PerMicro pipeline_time(const Layout& l, const Cluster& c, const std::vector<PerMicro>& stages,
                        double p2p, StepTime& st) {
-    const int chunks = l.schedule == Schedule::interleaved ? l.vpp : 1;
+    const int chunks = l.schedule == PipelineSchedule::interleaved ? l.vpp : 1;
     const double nm = double(l.n_micro), np = double(l.pp);
     std::vector<double> t;
     PerMicro mean, slowest;
@@ -418,7 +418,7 @@ StepTime step_time(const Workload& w, const Layout& l, const Cluster& c) {
     // Pipeline: activations cross each stage boundary once forward and once
     // backward per micro-batch (and per chunk when interleaved); Megatron's
     // scatter/gather sends 1/t of them per rank.
-    const int chunks = l.schedule == Schedule::interleaved ? l.vpp : 1;
+    const int chunks = l.schedule == PipelineSchedule::interleaved ? l.vpp : 1;
     const double wire = c.pp_wire_bytes > 0 ? c.pp_wire_bytes : act_bytes(w.dtype);
     const double pp_msg =
         double(w.seq_len) / l.cp * l.micro_batch * m.n_embd * wire / (c.pp_scatter ? l.tp : 1);

@@ -8,21 +8,18 @@
 #include <vector>
 
 #include "core/model_spec.h"
+#include "core/parallelism.h"
 #include "plan/catalog.h"
 
 namespace apiary::plan {
 
-enum class Recompute { none, selective, full };
-enum class Schedule { gpipe, one_f_one_b, interleaved };
+using core::PipelineSchedule;  // core/parallelism.h, shared with the trainer
+using core::Recompute;
 enum class Algo { automatic, ring, tree, hierarchical };
 // The software stack that runs the layout (cluster.implementation): what
 // overlaps, how ZeRO-3 gathers and how pipeline activations travel differ.
 enum class Impl { megatron, megatron2019, deepspeed, fsdp, apiary };
 
-const char* recompute_name(Recompute r);
-Recompute parse_recompute(const std::string& s);
-const char* schedule_name(Schedule s);
-Schedule parse_schedule(const std::string& s);
 const char* algo_name(Algo a);
 Algo parse_algo(const std::string& s);
 const char* impl_name(Impl i);
@@ -56,13 +53,14 @@ struct Layout {
     bool sp = false;        // sequence parallel (Korthikanti et al. 2022)
     int micro_batch = 1;    // b, sequences per micro-batch
     long long n_micro = 1;  // micro-batches per optimizer step per pipeline
-    Schedule schedule = Schedule::one_f_one_b;
+    PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
     int vpp = 1;  // model chunks per stage (interleaved schedule)
     // Blocks of each virtual stage, in the trainer's order (chunk c of stage s
     // is virtual stage c pp + s): parallel.stage_layers. Empty: the
     // implementation's own split (stage_split in plan/memory.h).
     std::vector<int> stage_layers;
-    // Ranks are ordered tp, cp, dp (ep its inner part), pp: tp fastest.
+    // Ranks are ordered tp, cp, dp (ep its inner part), pp, tp fastest: the
+    // rank order of core/parallelism.h, which the trainer's mesh uses too.
     long long devices() const { return (long long)tp * cp * pp * dp; }
 };
 

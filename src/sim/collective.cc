@@ -202,15 +202,27 @@ void hierarchical(const Fabric& f, const std::vector<Devs>& g, Op op, double byt
     if (op != Op::reduce_scatter) intra_steps(f, g, part, k - 1, out);  // all-gather in node
 }
 
+// Every rank sends S / n to every other at once. Latency as the planner
+// counts it (plan::all_to_all_s): once per peer on the node over the node's
+// links, once per peer node across nodes, the two concurrently.
 void all_to_all(const Fabric& f, const Devs& devices, double bytes, std::vector<Step>& out) {
     Step s;
     const double each = bytes / double(devices.size());
+    std::vector<int> scratch;
+    double intra = 0, inter = 0;  // the slowest route of each kind
     for (long long a : devices) {
         for (long long b : devices) {
-            if (a != b) s.transfers.push_back(Transfer{a, b, each});
+            if (a == b) continue;
+            s.transfers.push_back(Transfer{a, b, each});
+            scratch.clear();
+            double& worst = f.node_of(a) == f.node_of(b) ? intra : inter;
+            worst = std::max(worst, f.route(a, b, scratch));
         }
     }
-    s.latency = latency_of(f, s.transfers);
+    const auto g = by_node(f, devices);
+    size_t local = 0;
+    for (const auto& node : g) local = std::max(local, node.size());
+    s.latency = std::max(double(local - 1) * intra, double(g.size() - 1) * inter);
     out.push_back(std::move(s));
 }
 
@@ -251,13 +263,8 @@ double alpha_beta_s(const plan::Cluster& c, long long n, Op op, plan::Algo algo,
     cc.algo = algo;
     const plan::Group g{n, 1};
     if (op == Op::all_reduce) return plan::all_reduce_s(cc, g, bytes);
-    if (op != Op::all_to_all) return plan::reduce_scatter_s(cc, g, bytes);
-    if (n <= 1 || bytes <= 0) return 0;
-    const plan::Path p = plan::group_path(cc, g);
-    const double on_node = double(p.per_node - 1) / double(n) * bytes / p.intra_bw;
-    if (p.nodes == 1) return p.intra_alpha + on_node;
-    const double off_node = double(n - p.per_node) / double(n) * bytes / p.inter_bw;
-    return p.inter_alpha + std::max(on_node, off_node);
+    if (op == Op::all_to_all) return plan::all_to_all_s(cc, g, bytes);
+    return plan::reduce_scatter_s(cc, g, bytes);
 }
 
 plan::Algo choose_algo(const plan::Cluster& c, long long n, Op op, double bytes) {

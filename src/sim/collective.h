@@ -10,7 +10,8 @@
 //     ranks at that position, chains inside the nodes;
 //   hierarchical: reduce-scatter inside each node, an all-reduce of S / k
 //     across nodes on each of the k node positions, all-gather inside;
-//   all-to-all: every rank sends S / n to every other, all at once.
+//   all-to-all: every rank sends S / n to every other, all at once, latency
+//     once per peer on the node and once per peer node across nodes.
 // And where the ranks of several jobs go: packed, spread, random or
 // topology-aware placement.
 
@@ -35,8 +36,10 @@ std::vector<Step> collective_steps(const Fabric& f, const std::vector<long long>
                                    plan::Algo algo, double bytes, std::string* note = nullptr);
 
 // The planner's alpha-beta time for the same collective on n ranks packed
-// in order (Group{n, 1}); for all-to-all, the same closed form by hand:
-// alpha + max(on-node share / intra bw, off-node share / inter bw).
+// in order (Group{n, 1}), all-to-all included (plan::all_to_all_s). On an
+// idle fabric the simulated steps take the same time (for all-to-all where
+// one kind of link is the slower in both latency and bandwidth, as on every
+// GPU node of the catalog).
 double alpha_beta_s(const plan::Cluster& c, long long n, Op op, plan::Algo algo, double bytes);
 // The algorithm the planner's formulas find fastest (ring for all-to-all).
 plan::Algo choose_algo(const plan::Cluster& c, long long n, Op op, double bytes);

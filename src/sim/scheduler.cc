@@ -8,7 +8,7 @@
 #include <cmath>
 
 #include "core/error.h"
-#include "sim/engine.h"
+#include "sim/event_loop.h"
 
 namespace apiary::sim {
 
@@ -16,7 +16,7 @@ namespace {
 const std::string kNoAccount;
 }
 
-void Engine::enqueue(int j) {
+void EventLoop::enqueue(int j) {
     Run& r = run_[j];
     r.state = RunState::queued;
     ++r.token;
@@ -39,7 +39,7 @@ void Engine::enqueue(int j) {
     }
 }
 
-void Engine::settle(const std::string& account, double delta_devices) {
+void EventLoop::settle(const std::string& account, double delta_devices) {
     Account& a = accounts_[account];
     const double dt = now_ - a.t;
     if (cfg_.fairshare_half_life_s > 0) {
@@ -55,14 +55,14 @@ void Engine::settle(const std::string& account, double delta_devices) {
     a.rate += delta_devices;
 }
 
-double Engine::usage_per_share(const std::string& account) {
+double EventLoop::usage_per_share(const std::string& account) {
     settle(account, 0);
     auto it = cfg_.shares.find(account);
     const double share = it == cfg_.shares.end() ? 1.0 : it->second;
     return accounts_[account].usage / share;
 }
 
-void Engine::schedule() {
+void EventLoop::schedule() {
     for (int j : requeue_) enqueue(j);
     requeue_.clear();
     if (queued_ == 0) return;
@@ -76,7 +76,7 @@ void Engine::schedule() {
     compact_queues();
 }
 
-double Engine::hold_until(int j) const {
+double EventLoop::hold_until(int j) const {
     const SimJob& job = jobs_[j];
     const double d = planned_run(j);
     const double latest = job.spec.deadline - d;
@@ -100,7 +100,7 @@ double Engine::hold_until(int j) const {
     return best;
 }
 
-double Engine::planned_run(int j) const {
+double EventLoop::planned_run(int j) const {
     const SimJob& job = jobs_[j];
     const double restart = res_.jobs[j].restarts > 0 ? cfg_.restart_s : 0;
     const double dur = run_duration(restart, job.cost.work_s - run_[j].saved,
@@ -109,7 +109,7 @@ double Engine::planned_run(int j) const {
     return job.spec.time_limit > 0 ? job.spec.time_limit : dur;
 }
 
-void Engine::reserve(int j, double* shadow, long long* extra) {
+void EventLoop::reserve(int j, double* shadow, long long* extra) {
     // The earliest time enough devices are back, by the running jobs' estimates.
     const int pool = run_[j].pool;
     const long long need = jobs_[j].spec.devices;
@@ -126,7 +126,7 @@ void Engine::reserve(int j, double* shadow, long long* extra) {
     *extra = 0;
 }
 
-bool Engine::preempt_for(int j) {
+bool EventLoop::preempt_for(int j) {
     const int pool = run_[j].pool;
     const int cls = jobs_[j].spec.priority;
     const long long need = jobs_[j].spec.devices - pools_[pool].free();
@@ -150,7 +150,7 @@ bool Engine::preempt_for(int j) {
     return true;
 }
 
-void Engine::try_start(int j) {
+void EventLoop::try_start(int j) {
     std::vector<int32_t> slots;
     const bool ok = pools_[run_[j].pool].allocate(jobs_[j].spec.devices, slots);
     APIARY_CHECK(ok, "job {} needs {} devices, {} free", jobs_[j].spec.id, jobs_[j].spec.devices,
@@ -161,7 +161,7 @@ void Engine::try_start(int j) {
 }
 
 template <class Visit>
-void Engine::for_each_queued(int pool, Visit visit) {
+void EventLoop::for_each_queued(int pool, Visit visit) {
     std::vector<std::pair<double, const std::string*>> order;
     for (auto& [cls, accounts] : queues_[pool]) {
         order.clear();
@@ -190,7 +190,7 @@ void Engine::for_each_queued(int pool, Visit visit) {
     }
 }
 
-bool Engine::pass() {
+bool EventLoop::pass() {
     bool preempted = false;
     for (int pool = 0; pool < 2; ++pool) {
         bool blocked = false;
@@ -233,7 +233,7 @@ bool Engine::pass() {
     return preempted;
 }
 
-void Engine::compact_queues() {
+void EventLoop::compact_queues() {
     if (tombstones_ < 4096 || tombstones_ < queued_) return;
     for (auto& pool : queues_) {
         for (auto& [cls, accounts] : pool) {

@@ -90,11 +90,6 @@ class HfBase : public ::testing::Test {
         }();
     }
     static void TearDownTestSuite() { fs::remove_all(dir_); }
-    void SetUp() override {
-        if (std::system((python() + " -c 'import torch, numpy' 2>/dev/null").c_str()) != 0) {
-            GTEST_SKIP() << python() << " cannot import torch and numpy (Debian: python3-torch)";
-        }
-    }
 
     // The data and shapes every run here shares (import passes them too).
     static std::string data_sets() {
@@ -140,6 +135,14 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) { return info.
 json read_json(const fs::path& p) {
     std::ifstream in(p);
     return json::parse(in);
+}
+
+// Whether the reference interpreter has PyTorch (only the tests that run
+// tools/ref/ need it; the others run without).
+bool have_torch() {
+    static const bool ok =
+        std::system((python() + " -c 'import torch, numpy' 2>/dev/null").c_str()) == 0;
+    return ok;
 }
 
 // The last record of metrics.jsonl with `key` at `step` (-1: any step).
@@ -200,6 +203,9 @@ TEST_P(HfTest, ExportHasTransformersNamesAndConfig) {
 }
 
 TEST_P(HfTest, PyTorchGetsApiarysLogits) {
+    if (!have_torch()) {
+        GTEST_SKIP() << python() << " cannot import torch and numpy (Debian: python3-torch)";
+    }
     const Case& c = GetParam();
     const fs::path hf = exported(c);
     const int B = 2, T = 64;  // every learned position

@@ -130,7 +130,7 @@ TEST(ParallelLayout, EveryInconsistencyIsNamed) {
     EXPECT_NE(error_of({"parallel.microbatches=4", "train.grad_accum=2"}, 1)
                   .find("parallel.microbatches = 4 but train.grad_accum = 2"),
               std::string::npos);
-    EXPECT_THROW(model::parse_recompute("half"), ConfigError);
+    EXPECT_THROW(core::parse_recompute("half"), ConfigError);
     EXPECT_EQ(error_of({"parallel.tp=2", "parallel.pp=2", "train.grad_accum=2"}, 4), "");
 }
 

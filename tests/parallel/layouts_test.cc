@@ -135,7 +135,7 @@ TEST_F(Layouts, VocabularyThatDividesMatchesToo) {
 
 TEST_F(Layouts, Bf16LayoutsTrackOneRankWithinBf16Tolerance) {
     const std::string bf16 = "--set train.precision=bf16";
-    run("base", 1, 1, "gpt2", bf16);
+    run("base", 1, 1, "gpt2", bf16 + " --set train.ckpt_every=5");
     init("init", "gpt2", bf16);
     // The same bf16 roundings of differently summed fp32 values: the loss
     // within a quarter of bf16's resolution, the parameters within 5% of
@@ -146,8 +146,12 @@ TEST_F(Layouts, Bf16LayoutsTrackOneRankWithinBf16Tolerance) {
         run(name, ranks, 1, "gpt2", bf16 + " " + extra);
         expect_same("base", "init", name, 2e-3, 2e-2, 5e-2);
     }
-    // The tolerance is tight enough to fail a run that did not train.
-    EXPECT_GT(runs_->update_difference("base", "init", "init", 10, 1), 0.9);
+    // The tolerance is tight enough to fail a run that trained only half as
+    // long (the base run at step 5): a fortiori one that did not train. An
+    // untrained base fails this too (0 / 0 movement).
+    const double half = runs_->update_difference("base", "base", "init", 10, 5);
+    EXPECT_GT(half, 5e-2);
+    std::printf("  %-28s parameters differ by %.2e of their movement\n", "base at step 5", half);
 }
 
 TEST_F(Layouts, RecomputeModesGiveTheSameGradients) {

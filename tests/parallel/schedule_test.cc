@@ -17,7 +17,7 @@ using namespace apiary::parallel;
 
 namespace {
 
-void expect_complete(ScheduleKind kind, int p, int m, int v) {
+void expect_complete(PipelineSchedule kind, int p, int m, int v) {
     for (int s = 0; s < p; ++s) {
         const auto ops = pipeline_schedule(kind, p, s, m, v);
         ASSERT_EQ(int(ops.size()), 2 * m * v);
@@ -41,10 +41,10 @@ void expect_complete(ScheduleKind kind, int p, int m, int v) {
 TEST(Schedule, EveryOpOnceInOrderForAllKinds) {
     for (int p : {1, 2, 3, 4}) {
         for (int m : {1, 2, 4, 8}) {
-            expect_complete(ScheduleKind::gpipe, p, m, 1);
-            if (m >= p) expect_complete(ScheduleKind::one_f_one_b, p, m, 1);
+            expect_complete(PipelineSchedule::gpipe, p, m, 1);
+            if (m >= p) expect_complete(PipelineSchedule::one_f_one_b, p, m, 1);
             if (m % p == 0) {
-                for (int v : {2, 3}) expect_complete(ScheduleKind::interleaved, p, m, v);
+                for (int v : {2, 3}) expect_complete(PipelineSchedule::interleaved, p, m, v);
             }
         }
     }
@@ -53,13 +53,14 @@ TEST(Schedule, EveryOpOnceInOrderForAllKinds) {
 TEST(Schedule, MessagesPairUpWithoutDeadlock) {
     for (int p : {2, 3, 4, 8}) {
         for (int m : {4, 8, 16}) {
-            EXPECT_EQ(check_schedules(ScheduleKind::gpipe, p, m, 1), "") << p << " " << m;
+            EXPECT_EQ(check_schedules(PipelineSchedule::gpipe, p, m, 1), "") << p << " " << m;
             if (m >= p) {
-                EXPECT_EQ(check_schedules(ScheduleKind::one_f_one_b, p, m, 1), "") << p << " " << m;
+                EXPECT_EQ(check_schedules(PipelineSchedule::one_f_one_b, p, m, 1), "")
+                    << p << " " << m;
             }
             if (m % p == 0) {
                 for (int v : {2, 4}) {
-                    EXPECT_EQ(check_schedules(ScheduleKind::interleaved, p, m, v), "")
+                    EXPECT_EQ(check_schedules(PipelineSchedule::interleaved, p, m, v), "")
                         << p << " " << m << " " << v;
                 }
             }
@@ -68,8 +69,8 @@ TEST(Schedule, MessagesPairUpWithoutDeadlock) {
 }
 
 TEST(Schedule, TheCheckCatchesMismatchedAndDeadlockedSchedules) {
-    std::vector<std::vector<PipeOp>> ops = {pipeline_schedule(ScheduleKind::gpipe, 2, 0, 4, 1),
-                                            pipeline_schedule(ScheduleKind::gpipe, 2, 1, 4, 1)};
+    std::vector<std::vector<PipeOp>> ops = {pipeline_schedule(PipelineSchedule::gpipe, 2, 0, 4, 1),
+                                            pipeline_schedule(PipelineSchedule::gpipe, 2, 1, 4, 1)};
     EXPECT_EQ(check_schedules(ops, 1), "");
     // The last stage runs its backwards in reverse: stage 0 would receive
     // micro-batch 3's gradient where it expects micro-batch 0's.
@@ -85,8 +86,9 @@ TEST(Schedule, TheCheckCatchesMismatchedAndDeadlockedSchedules) {
 TEST(Schedule, OneFOneBKeepsAtMostStagesMinusRankInFlight) {
     const int p = 4, m = 8;
     for (int s = 0; s < p; ++s) {
-        EXPECT_EQ(slots_needed(pipeline_schedule(ScheduleKind::one_f_one_b, p, s, m, 1)), p - s);
-        EXPECT_EQ(slots_needed(pipeline_schedule(ScheduleKind::gpipe, p, s, m, 1)), m);
+        EXPECT_EQ(slots_needed(pipeline_schedule(PipelineSchedule::one_f_one_b, p, s, m, 1)),
+                  p - s);
+        EXPECT_EQ(slots_needed(pipeline_schedule(PipelineSchedule::gpipe, p, s, m, 1)), m);
     }
 }
 
@@ -94,26 +96,26 @@ TEST(Schedule, ReplayWithEqualStagesGivesTheClosedFormBubble) {
     for (int p : {2, 4}) {
         for (int m : {4, 8, 16}) {
             const std::vector<double> f(size_t(p), 1.0), b(size_t(p), 2.0);
-            for (auto kind : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b}) {
+            for (auto kind : {PipelineSchedule::gpipe, PipelineSchedule::one_f_one_b}) {
                 for (double idle : replay_idle(kind, p, m, 1, f, b)) {
                     EXPECT_NEAR(idle, ideal_bubble(p, m, 1), 1e-12) << p << " " << m;
                 }
             }
             if (m % p == 0) {
                 // Interleaving divides the bubble by the virtual stages.
-                for (double idle : replay_idle(ScheduleKind::interleaved, p, m, 2, f, b)) {
+                for (double idle : replay_idle(PipelineSchedule::interleaved, p, m, 2, f, b)) {
                     EXPECT_NEAR(idle, ideal_bubble(p, m, 2), 1e-12) << p << " " << m;
                 }
             }
         }
     }
     // A stage twice as slow makes the others wait: they idle more.
-    const auto idle = replay_idle(ScheduleKind::one_f_one_b, 2, 8, 1, {1.0, 2.0}, {2.0, 4.0});
+    const auto idle = replay_idle(PipelineSchedule::one_f_one_b, 2, 8, 1, {1.0, 2.0}, {2.0, 4.0});
     EXPECT_GT(idle[0], ideal_bubble(2, 8, 1) + 0.2);
 }
 
 TEST(Schedule, BadArgumentsAreRefused) {
-    EXPECT_THROW(pipeline_schedule(ScheduleKind::one_f_one_b, 2, 0, 4, 2), apiary::Error);
-    EXPECT_THROW(pipeline_schedule(ScheduleKind::interleaved, 4, 0, 6, 2), apiary::Error);
-    EXPECT_THROW(parse_schedule("zigzag"), apiary::ConfigError);
+    EXPECT_THROW(pipeline_schedule(PipelineSchedule::one_f_one_b, 2, 0, 4, 2), apiary::Error);
+    EXPECT_THROW(pipeline_schedule(PipelineSchedule::interleaved, 4, 0, 6, 2), apiary::Error);
+    EXPECT_THROW(apiary::core::parse_pipeline_schedule("zigzag"), apiary::ConfigError);
 }

@@ -62,7 +62,7 @@ TEST(PlanLayouts, RecordedRunsMapToTheirLayouts) {
     // The trainer's keys, as the trainer reads them.
     for (const auto& r : s.held) {
         if (r.dir == "pp4-int") {
-            EXPECT_EQ(r.in.l.schedule, Schedule::interleaved);
+            EXPECT_EQ(r.in.l.schedule, PipelineSchedule::interleaved);
             EXPECT_EQ(r.in.l.vpp, 2);
             EXPECT_EQ(r.in.l.n_micro, 8);
         }

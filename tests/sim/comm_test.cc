@@ -1,6 +1,6 @@
 // The collective simulation against the planner's alpha-beta formulas on an
 // idle fabric (ring, tree and hierarchical all-reduce, reduce-scatter,
-// all-gather; all-to-all against its own closed form), and what contention
+// all-gather, all-to-all), and what contention
 // does: two jobs sharing one link each get half of it.
 
 #include <gtest/gtest.h>
@@ -151,14 +151,15 @@ TEST(SimComm, AnIdleRingDoesNotPayTheTaper) {
 
 // All-to-all fills the uplinks: 8 leaves of 16 devices (two nodes), 2:1
 // taper, 128 ranks. Each leaf sends 16 x 112/128 S across an uplink of
-// 8 NICs: 1.75 S / NIC, close to the planner's 120/128 S / (NIC / 2).
+// 8 NICs: 1.75 S / NIC, close to the planner's 120/128 S / (NIC / 2). A
+// latency per peer node: 15 of them.
 TEST(SimComm, AllToAllPaysTheTaper) {
     plan::Cluster c = cluster_of("H100-SXM", 128, "fat-tree");
     c.topo = plan::Topology{"small-2to1", {{"leaf", 16, 1.0, 1e-6}, {"spine", 0, 0.5, 2e-6}}, ""};
     const Fabric f(c);
     const double bytes = 64e6, nic = c.inter.bw * c.inter.efficiency;
     const double a2a = simulate_one(f, range(0, 128), Op::all_to_all, plan::Algo::ring, bytes);
-    EXPECT_NEAR(a2a, c.inter.latency + 2e-6 + 1.75 * bytes / nic, 1e-12);
+    EXPECT_NEAR(a2a, 15 * (c.inter.latency + 2e-6) + 1.75 * bytes / nic, 1e-12);
     EXPECT_NEAR(a2a / alpha_beta_s(c, 128, Op::all_to_all, plan::Algo::ring, bytes), 0.93, 0.01);
 }
 
@@ -174,7 +175,8 @@ TEST(SimComm, DragonflyGlobalLinksLimitAllToAll) {
     const double bytes = 64e6, nic = c.inter.bw * c.inter.efficiency;
     const FlowStats a2a = simulate_flows(
         f, {collective_steps(f, range(0, 64), Op::all_to_all, plan::Algo::ring, bytes)});
-    EXPECT_NEAR(a2a.finish_s[0], c.inter.latency + 3e-6 + 1.5 * bytes / nic, 1e-12);
+    // A latency per peer node: 7 of them.
+    EXPECT_NEAR(a2a.finish_s[0], 7 * (c.inter.latency + 3e-6) + 1.5 * bytes / nic, 1e-12);
     EXPECT_EQ(a2a.hottest_switch.rfind("global group", 0), 0u) << a2a.hottest_switch;
     EXPECT_NEAR(a2a.hottest_switch_peak, 1.0, 1e-9);
     // One rank per node on nodes 0 and 2 (groups 0 and 1): the NIC's full bandwidth.
@@ -214,6 +216,8 @@ TEST(SimComm, PlacementsKeepJobsApartAsPromised) {
 // placement sends every job across the leaves, whose uplinks then carry
 // 256 x 3/4 S on 128 NICs' worth (1.5 S / NIC, more than a NIC's S);
 // topology-aware placement keeps each job inside a leaf (120/128 S / NIC).
+// A latency per peer node: spread, one rank on each of 128 nodes, pays 127;
+// packed in a leaf, 16 nodes, 15.
 TEST(SimComm, TopologyAwarePlacementAvoidsSharedUplinks) {
     const plan::Cluster c = cluster_of("H100-SXM", 1024, "fat-tree-2to1");
     const Fabric f(c);
@@ -227,8 +231,9 @@ TEST(SimComm, TopologyAwarePlacementAvoidsSharedUplinks) {
         return *std::max_element(t.begin(), t.end());
     };
     const double nic = c.inter.bw * c.inter.efficiency;
-    EXPECT_NEAR(run(Placement::spread), c.inter.latency + 2e-6 + 1.5 * 64e6 / nic, 1e-9);
-    EXPECT_NEAR(run(Placement::topology), c.inter.latency + 1e-6 + 120.0 / 128 * 64e6 / nic, 1e-9);
+    EXPECT_NEAR(run(Placement::spread), 127 * (c.inter.latency + 2e-6) + 1.5 * 64e6 / nic, 1e-9);
+    EXPECT_NEAR(run(Placement::topology), 15 * (c.inter.latency + 1e-6) + 120.0 / 128 * 64e6 / nic,
+                1e-9);
 }
 
 }  // namespace

@@ -33,8 +33,8 @@ void linear_forward(float* y, const float* x, const float* weight, const float* 
 }
 
 void linear_backward(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
-                     const float* weight, int64_t N, int64_t IN, int64_t OUT, bool accumulate_dx) {
-    if (dx) gemm(false, false, N, IN, OUT, dy, OUT, weight, IN, accumulate_dx ? 1.0f : 0.0f, dx, IN);
+                     const float* weight, int64_t N, int64_t IN, int64_t OUT) {
+    if (dx) gemm(false, false, N, IN, OUT, dy, OUT, weight, IN, 0.0f, dx, IN);
     gemm(true, false, OUT, IN, N, dy, OUT, x, IN, 1.0f, dweight, IN);
     if (dbias) linear_bias_backward(dbias, dy, N, OUT);
 }

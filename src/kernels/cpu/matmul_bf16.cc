@@ -152,10 +152,8 @@ void linear_forward_bf16_out(uint16_t* y, const uint16_t* x, const uint16_t* wei
 }
 
 void linear_backward_bf16(float* dx, float* dweight, const uint16_t* dy, const uint16_t* x,
-                          const uint16_t* weight, int64_t N, int64_t IN, int64_t OUT,
-                          bool accumulate_dx) {
-    if (dx) gemm_bf16(false, false, N, IN, OUT, dy, OUT, weight, IN, accumulate_dx ? 1.0f : 0.0f,
-                      dx, IN);
+                          const uint16_t* weight, int64_t N, int64_t IN, int64_t OUT) {
+    if (dx) gemm_bf16(false, false, N, IN, OUT, dy, OUT, weight, IN, 0.0f, dx, IN);
     gemm_bf16(true, false, OUT, IN, N, dy, OUT, x, IN, 1.0f, dweight, IN);
 }
 

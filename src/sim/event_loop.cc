@@ -2,16 +2,16 @@
 // accounting (device time, lost work, cost, energy, CO2), node failures and
 // spot capacity. Scheduling decisions are in scheduler.cc.
 
-#include "sim/engine.h"
+#include "sim/event_loop.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "core/timing.h"
 
 namespace apiary::sim {
 
@@ -41,7 +41,7 @@ double run_duration(double restart, double work_left, double interval, double ck
     return restart + work_left + n_ckpt * ckpt;
 }
 
-Engine::Engine(const std::vector<SimJob>& jobs, const SimConfig& cfg, const Policy& policy)
+EventLoop::EventLoop(const std::vector<SimJob>& jobs, const SimConfig& cfg, const Policy& policy)
     : jobs_(jobs), cfg_(cfg), policy_(policy) {
     res_.policy = policy.name;
     res_.jobs.resize(jobs.size());
@@ -72,23 +72,25 @@ Engine::Engine(const std::vector<SimJob>& jobs, const SimConfig& cfg, const Poli
     if (cfg.record) res_.series.push_back(last_point_);
 }
 
-void Engine::push(double t, EventKind k, int a, int b) { events_.push(Event{t, k, seq_++, a, b}); }
+void EventLoop::push(double t, EventKind k, int a, int b) {
+    events_.push(Event{t, k, seq_++, a, b});
+}
 
-double Engine::next_failure(int node) {
+double EventLoop::next_failure(int node) {
     // Exponential gaps drawn from counters, so every policy sees the same failures.
     const core::Philox rng(cfg_.seed, uint64_t(node));
     const double u = rng.uniform_f64(uint64_t(failures_drawn_[node]++));
     return now_ - std::log1p(-u) * cfg_.mtbf_node_s;
 }
 
-double Engine::estimate(int j) const {
+double EventLoop::estimate(int j) const {
     const double limit = jobs_[j].spec.time_limit;
     const Run& r = run_[j];
     return limit > 0 ? r.seg_start + limit : r.seg_end;
 }
 
-SimResult Engine::run() {
-    const auto t0 = std::chrono::steady_clock::now();
+SimResult EventLoop::run() {
+    const auto t0 = core::Clock::now();
     while (!events_.empty() && remaining_ > 0) {
         const double t = events_.top().t;
         if (t > cfg_.horizon_s) break;
@@ -111,11 +113,11 @@ SimResult Engine::run() {
         record_series();
     }
     for (const auto& o : res_.jobs) res_.makespan = std::max(res_.makespan, o.end);
-    res_.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    res_.wall_s = core::seconds_since(t0);
     return std::move(res_);
 }
 
-void Engine::handle(const Event& e) {
+void EventLoop::handle(const Event& e) {
     switch (e.kind) {
         case EventKind::arrive:
             arrive(e.a);
@@ -144,7 +146,7 @@ void Engine::handle(const Event& e) {
     }
 }
 
-void Engine::arrive(int j) {
+void EventLoop::arrive(int j) {
     JobOutcome& o = res_.jobs[j];
     o.eligible = now_;
     if (policy_.carbon && jobs_[j].spec.flexible) {
@@ -159,7 +161,7 @@ void Engine::arrive(int j) {
     enqueue(j);
 }
 
-void Engine::start(int j, std::vector<int32_t>&& slots) {
+void EventLoop::start(int j, std::vector<int32_t>&& slots) {
     const SimJob& job = jobs_[j];
     Run& r = run_[j];
     JobOutcome& o = res_.jobs[j];
@@ -185,7 +187,7 @@ void Engine::start(int j, std::vector<int32_t>&& slots) {
     settle(job.spec.account, double(job.spec.devices));
 }
 
-void Engine::close_segment(int j, double end, bool completed) {
+void EventLoop::close_segment(int j, double end, bool completed) {
     const SimJob& job = jobs_[j];
     Run& r = run_[j];
     JobOutcome& o = res_.jobs[j];
@@ -219,7 +221,7 @@ void Engine::close_segment(int j, double end, bool completed) {
     }
 }
 
-void Engine::finish(int j) {
+void EventLoop::finish(int j) {
     Run& r = run_[j];
     JobOutcome& o = res_.jobs[j];
     close_segment(j, now_, true);
@@ -238,7 +240,7 @@ void Engine::finish(int j) {
     }
 }
 
-void Engine::free_devices(int j) {
+void EventLoop::free_devices(int j) {
     Run& r = run_[j];
     pools_[r.pool].release(r.slots.data(), r.slots.size());
     busy_ -= (long long)r.slots.size();
@@ -254,7 +256,7 @@ void Engine::free_devices(int j) {
     r.slots.shrink_to_fit();
 }
 
-void Engine::interrupt(int j, bool failure) {
+void EventLoop::interrupt(int j, bool failure) {
     Run& r = run_[j];
     JobOutcome& o = res_.jobs[j];
     close_segment(j, now_, false);
@@ -267,14 +269,14 @@ void Engine::interrupt(int j, bool failure) {
     requeue_.push_back(j);
 }
 
-void Engine::kill_on_node(int node, bool failure) {
+void EventLoop::kill_on_node(int node, bool failure) {
     const std::vector<int> victims = on_node_[node];
     for (int j : victims) {
         if (run_[j].state == RunState::running) interrupt(j, failure);
     }
 }
 
-void Engine::fail_node(int node) {
+void EventLoop::fail_node(int node) {
     if (down_[node] || reclaimed_[node]) {  // not ours while reclaimed: draw the next one
         push(next_failure(node), EventKind::fail, node);
         return;
@@ -287,13 +289,13 @@ void Engine::fail_node(int node) {
     push(now_ + cfg_.repair_s, EventKind::repair, node);
 }
 
-void Engine::repair_node(int node) {
+void EventLoop::repair_node(int node) {
     down_[node] = 0;
     if (!reclaimed_[node]) (node < cfg_.nodes ? pools_[0] : pools_[1]).activate(node);
     push(next_failure(node), EventKind::fail, node);
 }
 
-void Engine::spot_step() {
+void EventLoop::spot_step() {
     const int first = cfg_.nodes, last = cfg_.nodes + cfg_.spot_nodes_max;
     const int target =
         std::clamp(int(std::floor(cfg_.spot_nodes.at(now_) + 1e-9)), 0, cfg_.spot_nodes_max);
@@ -326,7 +328,7 @@ void Engine::spot_step() {
     }
 }
 
-void Engine::record_series() {
+void EventLoop::record_series() {
     // Integrate the state that held since the last point, then note the new one.
     const SeriesPoint& last = last_point_;
     const double dt = now_ - last.t;
@@ -351,7 +353,7 @@ void Engine::record_series() {
 }
 
 SimResult simulate(const std::vector<SimJob>& jobs, const SimConfig& cfg, const Policy& policy) {
-    Engine e(jobs, cfg, policy);
+    EventLoop e(jobs, cfg, policy);
     return e.run();
 }
 

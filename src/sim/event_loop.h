@@ -1,5 +1,5 @@
 #pragma once
-// The cluster simulator's state and event loop (engine.cc: events, runs and
+// The cluster simulator's state and event loop (event_loop.cc: events, runs and
 // their accounting; scheduler.cc: queues, scheduling passes, backfill,
 // preemption, fair share and carbon-aware holds). Internal to sim/.
 
@@ -58,13 +58,13 @@ struct Account {
     double t = 0;
 };
 
-class Engine {
+class EventLoop {
   public:
-    Engine(const std::vector<SimJob>& jobs, const SimConfig& cfg, const Policy& policy);
+    EventLoop(const std::vector<SimJob>& jobs, const SimConfig& cfg, const Policy& policy);
     SimResult run();
 
   private:
-    // engine.cc
+    // event_loop.cc
     void push(double t, EventKind k, int a, int b = 0);
     void handle(const Event& e);
     void arrive(int j);

@@ -116,6 +116,8 @@ class Loader {
     // max_tokens tokens in shard order, mixed by the source weights. The
     // trainer's baseline: the loss of the best model that ignores context.
     std::vector<double> unigram(uint64_t max_tokens_per_source) const;
+    // Windows of source s in this split (the trainer bounds train.eval_batches by them).
+    uint64_t samples_in_source(size_t s) const { return sources_[s].windows; }
 
   private:
     struct Source {

@@ -160,8 +160,9 @@ TEST(Signals, PipelineRanksGiveUpAnEvaluationAtTheSameBatch) {
     fs::create_directories(dir);
     const fs::path run = dir / "run";
     const std::string launch = apiary_bin() + " launch -n 2 --";
-    Background bg(launch + long_eval_run(run, 30000) + " --set parallel.pp=2",
-                  (dir / "out.txt").string());
+    Background bg(
+        launch + long_eval_run(run, 30000) + " --set parallel.pp=2 --set train.grad_accum=2",
+        (dir / "out.txt").string());
     expect_stop_during_eval(bg, SIGTERM, run, launch);
     fs::remove_all(dir);
 }

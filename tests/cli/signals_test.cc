@@ -172,7 +172,9 @@ TEST(Signals, EvalBatchesBeyondTheHeldOutSetAreRefusedBeforeTheRunStarts) {
         fs::temp_directory_path() / ("apiary_eval_range_" + std::to_string(::getpid()));
     fs::remove_all(dir);
     const fs::path run = dir / "run";
-    const auto r = run_command(apiary_bin() + long_eval_run(run, 1000000000) + " 2>&1");
+    // Bounded: without the check the run would evaluate for days.
+    const auto r =
+        run_command("timeout 300 " + apiary_bin() + long_eval_run(run, 1000000000) + " 2>&1");
     EXPECT_NE(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("train.eval_batches = 1000000000"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("distinct batches"), std::string::npos) << r.output;

@@ -300,20 +300,6 @@ Manifest Manifest::from_json(const nlohmann::json& j, const std::string& source)
             s.documents = e.at("documents").get<uint64_t>();
             s.bytes = e.at("bytes").get<uint64_t>();
             s.xxh64 = e.at("xxh64").get<std::string>();
-            // The byte count sizes a download (remote sources) before the
-            // shard's own header can be checked: it must be what the token
-            // and document counts make, computed without overflow.
-            uint64_t tok_bytes = 0, doc_bytes = 0, want = 0;
-            if (__builtin_mul_overflow(s.tokens, uint64_t(m.token_bytes), &tok_bytes) ||
-                __builtin_mul_overflow(s.documents, uint64_t(8), &doc_bytes) ||
-                __builtin_add_overflow(tok_bytes, doc_bytes, &want) ||
-                __builtin_add_overflow(want, uint64_t(kShardHeaderBytes), &want) ||
-                want != s.bytes) {
-                throw bad(fmt::format(
-                    "shards[{}] ('{}'): bytes {} is not what {} tokens of {} bytes and {} "
-                    "documents take (the {}-byte header, the tokens, 8 bytes per document)",
-                    i, s.file, s.bytes, s.tokens, m.token_bytes, s.documents, kShardHeaderBytes));
-            }
             if (s.file.empty() || s.file.find("..") != std::string::npos || s.file[0] == '/') {
                 throw bad(
                     fmt::format("shards[{}].file '{}' must be a plain name in the "

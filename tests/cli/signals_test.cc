@@ -160,8 +160,9 @@ TEST(Signals, PipelineRanksGiveUpAnEvaluationAtTheSameBatch) {
     fs::create_directories(dir);
     const fs::path run = dir / "run";
     const std::string launch = apiary_bin() + " launch -n 2 --";
-    Background bg(launch + long_eval_run(run, 30000) + " --set parallel.pp=2",
-                  (dir / "out.txt").string());
+    Background bg(
+        launch + long_eval_run(run, 30000) + " --set parallel.pp=2 --set train.grad_accum=2",
+        (dir / "out.txt").string());
     expect_stop_during_eval(bg, SIGTERM, run, launch);
     fs::remove_all(dir);
 }
@@ -171,7 +172,9 @@ TEST(Signals, EvalBatchesBeyondTheHeldOutSetAreRefusedBeforeTheRunStarts) {
         fs::temp_directory_path() / ("apiary_eval_range_" + std::to_string(::getpid()));
     fs::remove_all(dir);
     const fs::path run = dir / "run";
-    const auto r = run_command(apiary_bin() + long_eval_run(run, 1000000000) + " 2>&1");
+    // Bounded: without the check the run would evaluate for days.
+    const auto r =
+        run_command("timeout 300 " + apiary_bin() + long_eval_run(run, 1000000000) + " 2>&1");
     EXPECT_NE(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("train.eval_batches = 1000000000"), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("distinct batches"), std::string::npos) << r.output;

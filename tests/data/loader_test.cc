@@ -378,7 +378,7 @@ std::string manifest_error(const std::string& src) {
     return "";
 }
 
-TEST(Manifest, HostileCountsAreRefusedBeforeTheySizeAnything) {
+TEST(Manifest, AHostileVocabularySizeIsRefusedBeforeItSizesAnything) {
     TempDir tmp("manifest_hostile");
     const std::string src = make_source(tmp, "a", 0, 1, 50);
     const auto good = nlohmann::json::parse(read_file(src + "/manifest.json"));
@@ -390,21 +390,6 @@ TEST(Manifest, HostileCountsAreRefusedBeforeTheySizeAnything) {
                        "uint32 tokens"),
               std::string::npos)
         << msg;
-    j = good;
-    j["shards"][0]["bytes"] = uint64_t(1) << 60;  // would size a download
-    write_file_atomic(src + "/manifest.json", j.dump());
-    msg = manifest_error(src);
-    EXPECT_NE(msg.find("shards[0] ('train_000000.bin'): bytes 1152921504606846976 is not what 50 "
-                       "tokens of 4 bytes and 1 documents take"),
-              std::string::npos)
-        << msg;
-    j = good;
-    // tokens * 4 wraps to a small number in 64 bits.
-    j["shards"][0]["tokens"] = uint64_t(1) << 62;
-    j["shards"][0]["bytes"] = kShardHeaderBytes + 8;
-    write_file_atomic(src + "/manifest.json", j.dump());
-    msg = manifest_error(src);
-    EXPECT_NE(msg.find("is not what 4611686018427387904 tokens"), std::string::npos) << msg;
 }
 
 TEST(Manifest, AManifestThatIsADeviceOrHugeIsRefusedUnread) {

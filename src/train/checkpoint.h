@@ -142,6 +142,12 @@ LatestName read_latest(const std::string& run_dir);
 std::optional<CheckpointRef> newest_intact(const std::string& run_dir, int64_t below,
                                            std::vector<std::string>* why = nullptr);
 
+// What to tell a user whose `latest` (or its checkpoint) is damaged and
+// `good` is the newest intact one: what is wrong and the command that
+// continues from it.
+std::string continue_from(const std::string& run_dir, const LatestName& latest,
+                          const CheckpointRef& good);
+
 // The checkpoint `latest` names, checked as open_checkpoint checks it. If it
 // is damaged, or `latest` itself is (missing, empty, naming no step folder),
 // the error names the newest intact checkpoint (earlier than the one

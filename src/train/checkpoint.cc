@@ -546,7 +546,6 @@ CheckpointRef open_checked(const std::string& dir, bool full) {
                                       path.string(), fs::file_size(path), where, bytes));
         }
     }
-    check_counters(ref);
     if (full || v1) {
         reader.verify_files();
         if (reader.incremental()) reader.verify_chunks();  // every piece by its hash
@@ -613,7 +612,8 @@ void check_counters(const CheckpointRef& ck) {
 }
 
 CheckpointRef verify_checkpoint(const std::string& dir) {
-    CheckpointRef ck = open_checked(dir, true);  // every file's digest, the counters
+    CheckpointRef ck = open_checked(dir, true);  // every file's digest
+    check_counters(ck);
     const ckpt::CheckpointReader reader(dir);
     if (!reader.incremental()) reader.verify_chunks();  // incremental: done above
     const std::string gap = reader.check_coverage();

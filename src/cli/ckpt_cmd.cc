@@ -84,8 +84,7 @@ void verify_run(const std::string& path) {
             damaged = e.what();
         }
     }
-    const int64_t below =
-        latest.step >= 0 ? latest.step : std::numeric_limits<int64_t>::max();
+    const int64_t below = latest.step >= 0 ? latest.step : std::numeric_limits<int64_t>::max();
     std::vector<std::string> why;
     const auto good = train::newest_intact(path, below, &why);
     for (const auto& w : why) fmt::print("{}\n", w);
@@ -94,13 +93,7 @@ void verify_run(const std::string& path) {
                                   latest.step >= 0 ? "earlier " : "", path));
     }
     print_ok(*good);
-    throw IoError(fmt::format(
-        "{}\n{}; {} (step {}) is intact, the newest that is: continue from it with `apiary "
-        "train --resume {} --resume-from-previous-good`",
-        damaged,
-        latest.problem.empty() ? "the latest checkpoint is damaged"
-                               : "the run's `latest` does not name a checkpoint",
-        good->dir, good->step, path));
+    throw IoError(damaged + "\n" + train::continue_from(path, latest, *good));
 }
 
 void verify(const std::string& path) {

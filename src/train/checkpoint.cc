@@ -546,7 +546,6 @@ CheckpointRef open_checked(const std::string& dir, bool full) {
                                       path.string(), fs::file_size(path), where, bytes));
         }
     }
-    check_counters(ref);
     if (full || v1) {
         reader.verify_files();
         if (reader.incremental()) reader.verify_chunks();  // every piece by its hash
@@ -554,12 +553,10 @@ CheckpointRef open_checked(const std::string& dir, bool full) {
     return ref;
 }
 
-// `latest`'s text as the user should see it.
-std::string printable(const std::string& name) {
-    const bool plain = name.size() <= 80 && std::all_of(name.begin(), name.end(), [](char c) {
-                           return c >= 0x20 && c < 0x7f;
-                       });
-    return plain ? "'" + name + "'" : fmt::format("{} bytes of something else", name.size());
+// Printable ASCII of a length a message can quote.
+bool printable(const std::string& text) {
+    return text.size() <= 80 &&
+           std::all_of(text.begin(), text.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
 }
 
 }  // namespace
@@ -592,9 +589,10 @@ void check_counters(const CheckpointRef& ck) {
     int64_t passed = 0;
     if (m.contains("skipped_batches")) {
         if (!m["skipped_batches"].is_array()) {
-            throw IoError(fmt::format("{}: 'skipped_batches' is not a list of batch numbers "
-                                      "(checkpoint damaged)",
-                                      where));
+            throw IoError(
+                fmt::format("{}: 'skipped_batches' is not a list of batch numbers "
+                            "(checkpoint damaged)",
+                            where));
         }
         for (const auto& b : m["skipped_batches"]) {
             if (!b.is_number_integer()) {
@@ -614,7 +612,8 @@ void check_counters(const CheckpointRef& ck) {
 }
 
 CheckpointRef verify_checkpoint(const std::string& dir) {
-    CheckpointRef ck = open_checked(dir, true);  // every file's digest, the counters
+    CheckpointRef ck = open_checked(dir, true);  // every file's digest
+    check_counters(ck);
     const ckpt::CheckpointReader reader(dir);
     if (!reader.incremental()) reader.verify_chunks();  // incremental: done above
     const std::string gap = reader.check_coverage();
@@ -655,13 +654,29 @@ LatestName read_latest(const std::string& run_dir) {
     if (name.empty()) {
         l.problem = fmt::format("{}: empty (it should name a folder step_N in {})", path.string(),
                                 root.string());
+    } else if (l.step < 0 && printable(name)) {
+        l.problem = fmt::format("{}: names '{}', not a checkpoint folder step_N in {}",
+                                path.string(), name, root.string());
     } else if (l.step < 0) {
-        l.problem = fmt::format("{}: names {}, not a checkpoint folder step_N in {}",
-                                path.string(), printable(name), root.string());
+        l.problem = fmt::format(
+            "{}: holds {} bytes that are not the name of a checkpoint folder "
+            "(step_N in {})",
+            path.string(), name.size(), root.string());
     } else {
         l.dir = (root / name).string();
     }
     return l;
+}
+
+std::string continue_from(const std::string& run_dir, const LatestName& latest,
+                          const CheckpointRef& good) {
+    return fmt::format(
+        "{}; {} (step {}) is intact, the newest that is: continue from it with `apiary train "
+        "--resume {} --resume-from-previous-good` (or --auto-resume)",
+        latest.missing           ? "the run's `latest` is missing"
+        : latest.problem.empty() ? "the latest checkpoint is damaged"
+                                 : "the run's `latest` does not name a checkpoint",
+        good.dir, good.step, run_dir);
 }
 
 std::optional<CheckpointRef> newest_intact(const std::string& run_dir, int64_t below,
@@ -711,15 +726,7 @@ CheckpointRef latest_checkpoint(const std::string& run_dir, bool previous_good,
         for (size_t i = 1; i < why.size(); ++i) msg += "\n  " + why[i];
         throw IoError(msg);
     }
-    if (!previous_good) {
-        throw IoError(fmt::format(
-            "{}\n{}; {} (step {}) is intact, the newest that is: continue from it with "
-            "`apiary train --resume {} --resume-from-previous-good`",
-            damaged,
-            latest.problem.empty() ? "the latest checkpoint is damaged"
-                                   : "`latest` does not name a checkpoint",
-            good->dir, good->step, run_dir));
-    }
+    if (!previous_good) throw IoError(damaged + "\n" + continue_from(run_dir, latest, *good));
     if (skipped) *skipped = why;
     return *good;
 }

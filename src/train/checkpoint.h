@@ -107,8 +107,9 @@ void load_checkpoint(parallel::Engine& engine, const CheckpointRef& ckpt);
 void load_weights(const CheckpointRef& ckpt, model::Transformer& model);
 
 // A checkpoint directory, checked: the manifest well-formed (step, model,
-// file names, placements, counters), and every file present with its
-// recorded size and xxh64. Throws IoError naming the file.
+// file names, placements), and every file present with its recorded size
+// and xxh64. Throws IoError naming the file. (The counters are for
+// resuming: a checkpoint whose counters disagree still has its weights.)
 // Without digests, sizes only (each chunk's xxh64 is then checked as it is
 // read).
 CheckpointRef open_checkpoint(const std::string& dir, bool digests = true);
@@ -117,13 +118,15 @@ CheckpointRef open_checkpoint(const std::string& dir, bool digests = true);
 // to: every step either updated the weights or was skipped for fp16
 // overflow (optimizer_steps == step - loss_scaler.skipped_steps), and the
 // loader returned one batch per step plus each skipped batch it passed
-// (loader.step == step + those skipped). Resume, open_checkpoint and `apiary
-// ckpt verify` all check it here. Throws IoError naming the manifest.
+// (loader.step == step + those skipped). Resume (Trainer::load, before
+// anything changes) and verify_checkpoint (`apiary ckpt verify`, the choice
+// of a checkpoint to fall back to) check it here. Throws IoError naming
+// the manifest.
 void check_counters(const CheckpointRef& ck);
 
-// Everything `apiary ckpt verify` checks: open_checkpoint's checks, every
-// chunk's xxh64, every slice of every tensor stored exactly once, with its
-// optimizer state. Throws IoError naming what is wrong.
+// Everything `apiary ckpt verify` checks: open_checkpoint's checks, the
+// counters, every chunk's xxh64, every slice of every tensor stored exactly
+// once, with its optimizer state. Throws IoError naming what is wrong.
 CheckpointRef verify_checkpoint(const std::string& dir);
 
 // What <run>/ckpt/latest names: a step folder (which may still be damaged),
@@ -141,6 +144,12 @@ LatestName read_latest(const std::string& run_dir);
 // each newer one.
 std::optional<CheckpointRef> newest_intact(const std::string& run_dir, int64_t below,
                                            std::vector<std::string>* why = nullptr);
+
+// What to tell a user whose `latest` (or its checkpoint) is damaged and
+// `good` is the newest intact one: what is wrong and the command that
+// continues from it.
+std::string continue_from(const std::string& run_dir, const LatestName& latest,
+                          const CheckpointRef& good);
 
 // The checkpoint `latest` names, checked as open_checkpoint checks it. If it
 // is damaged, or `latest` itself is (missing, empty, naming no step folder),

@@ -16,7 +16,6 @@
 
 #include <cerrno>
 #include <cstring>
-
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -63,8 +62,7 @@ class Runs : public ::testing::Test {
     void TearDown() override { fs::remove_all(dir_); }
 
     std::string train(const std::string& run, const std::string& extra) const {
-        return apiary_bin() + " train --set run.dir=" + (dir_ / run).string() + " " + kArgs +
-               extra;
+        return apiary_bin() + " train --set run.dir=" + (dir_ / run).string() + " " + kArgs + extra;
     }
     void run_ok(const std::string& cmd) const {
         const auto r = run_command(cmd);
@@ -75,8 +73,7 @@ class Runs : public ::testing::Test {
     }
     // The damaged run's step-8 checkpoint equals the uninterrupted run's.
     void expect_equals_straight(const std::string& run) const {
-        EXPECT_EQ(checkpoint_tensors(ckpt("straight", 8)), checkpoint_tensors(ckpt(run, 8)))
-            << run;
+        EXPECT_EQ(checkpoint_tensors(ckpt("straight", 8)), checkpoint_tensors(ckpt(run, 8))) << run;
         EXPECT_EQ(checkpoint_tensors(ckpt("straight", 8), "adam_v"),
                   checkpoint_tensors(ckpt(run, 8), "adam_v"))
             << run;
@@ -144,9 +141,9 @@ class Recovery : public Runs, public ::testing::WithParamInterface<std::string> 
             EXPECT_EQ(verify.output.find((dir_ / run / "manifest.json").string()),
                       std::string::npos)
                 << verify.output;
-            const auto good = run_command(apiary_bin() + " train --resume " +
-                                          (dir_ / run).string() +
-                                          " --resume-from-previous-good --set train.steps=8");
+            const auto good =
+                run_command(apiary_bin() + " train --resume " + (dir_ / run).string() +
+                            " --resume-from-previous-good --set train.steps=8");
             ASSERT_EQ(good.exit_code, 0) << good.output;
             EXPECT_NE(good.output.find("resuming from " + intact), std::string::npos)
                 << good.output;
@@ -176,9 +173,8 @@ TEST_P(Recovery, ADamagedLatestFallsBackToTheNewestIntactCheckpoint) {
     check({{"empty", latest(""), 6},
            {"garbage", latest(std::string("\x01\xfe garbage \x7f\n", 13)), 6},
            {"outside", latest("../../outside/step_00000006"), 6},
-           {"deleted", [this](const std::string& run) {
-                fs::remove(dir_ / run / "ckpt" / "latest");
-            }, 6}});
+           {"deleted",
+            [this](const std::string& run) { fs::remove(dir_ / run / "ckpt" / "latest"); }, 6}});
 }
 
 TEST_P(Recovery, ADamagedNewestCheckpointFallsBackToThePreviousOne) {
@@ -216,8 +212,9 @@ class Counters : public Runs {};
 // Issue 24's repro: periodic asynchronous saves every 7 steps; the run goes
 // back to step 7's and continues.
 TEST_F(Counters, PeriodicAsyncSavesResumeFromAnyOfThem) {
-    run_ok(train("async", "--set train.steps=35 --set train.ckpt_every=7 "
-                          "--set train.ckpt_async=true"));
+    run_ok(train("async",
+                 "--set train.steps=35 --set train.ckpt_every=7 "
+                 "--set train.ckpt_async=true"));
     for (int step : {7, 14, 21, 28, 35}) {
         const json m = checkpoint_manifest(ckpt("async", step));
         EXPECT_EQ(m["optimizer_steps"], step) << step;
@@ -244,8 +241,7 @@ TEST_F(Counters, VerifyChecksTheCountersResumeChecks) {
         std::ofstream(c4 / "manifest.json", std::ios::trunc) << m.dump();
         for (const std::string& cmd :
              {apiary_bin() + " ckpt verify " + c4.string(),
-              apiary_bin() + " train --resume " + (dir_ / "r").string() +
-                  " --set train.steps=6"}) {
+              apiary_bin() + " train --resume " + (dir_ / "r").string() + " --set train.steps=6"}) {
             const auto r = run_command(cmd);
             EXPECT_NE(r.exit_code, 0) << cmd << "\n" << r.output;
             EXPECT_NE(r.output.find(what), std::string::npos) << cmd << "\n" << r.output;

@@ -47,9 +47,9 @@ TEST_F(Checkpoints, TwoRanksFallBackFromADamagedCheckpointOrLatest) {
     h[3] = h[3] == '0' ? '1' : '0';
     m["chunks"][1]["xxh64"] = h;
     std::ofstream(ckpt("r", 4) / "manifest.json", std::ios::trunc) << m.dump();
-    const auto r = run_command(std::string(APIARY_MPIRUN) + " -n 2 " + apiary_bin() +
-                               " train --resume " + (dir_ / "r").string() +
-                               " --resume-from-previous-good --set train.steps=6");
+    const auto r =
+        run_command(std::string(APIARY_MPIRUN) + " -n 2 " + apiary_bin() + " train --resume " +
+                    (dir_ / "r").string() + " --resume-from-previous-good --set train.steps=6");
     ASSERT_EQ(r.exit_code, 0) << r.output;
     EXPECT_NE(r.output.find("resuming from " + ckpt("r", 2).string()), std::string::npos)
         << r.output;

@@ -1,6 +1,7 @@
 #pragma once
-// What the end-to-end `apiary bench` commands share: their random token
-// rows, and the MPI world of a command that may run under mpirun/srun.
+// What the commands that train share: the benches' random token rows, and
+// the MPI world of a command that may run under mpirun/srun (apiary train,
+// bench train/parallel/obs).
 
 #include <cstdint>
 #include <memory>

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "cli/bench_common.h"
 #include "cli/command.h"
 #include "comm/mpi_backend.h"
 #include "core/error.h"
@@ -50,16 +51,9 @@ void setup(CLI::App& app) {
                   "scripts that are requeued, and `apiary launch --max-restarts`)");
     cmd->callback([] {
         // Under mpirun/srun every rank runs this; one MPI session per process.
-        std::unique_ptr<comm::MpiSession> mpi;
-        comm::ProcessGroup* world = nullptr;
-        auto start_mpi = [&](const core::Config& c) {
-            if (!comm::launched_by_mpi()) return;
-            mpi = std::make_unique<comm::MpiSession>(comm::options_from(c));
-            world = mpi->world().get();
-            // A fatal error on one rank takes the job down instead of
-            // leaving the others waiting in a collective.
-            set_abort_hook([](int code) { comm::abort_mpi(code); });
-        };
+        MpiWorld mpi;
+        comm::ProcessGroup*& world = mpi.world;
+        auto start_mpi = [&](const core::Config& c) { mpi = start_mpi_world(comm::options_from(c)); };
         if (auto_resume) {
             if (!resume_dir.empty()) {
                 throw ConfigError(

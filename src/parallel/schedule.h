@@ -21,10 +21,6 @@
 namespace apiary::parallel {
 
 using core::PipelineSchedule;  // core/parallelism.h: the kinds and their parser
-// The kind's name (core::pipeline_schedule_name; kept for train/checkpoint.cc).
-inline const char* schedule_name(PipelineSchedule kind) {
-    return core::pipeline_schedule_name(kind);
-}
 
 struct PipeOp {
     bool forward = true;

@@ -16,6 +16,7 @@
 #include "ckpt/safetensors.h"
 #include "ckpt/sharded.h"
 #include "core/error.h"
+#include "core/timing.h"
 
 namespace apiary::train {
 
@@ -93,10 +94,6 @@ void barrier(comm::ProcessGroup* world, const char* what) {
     if (world) world->barrier({what, 0})->wait();
 }
 
-double since(std::chrono::steady_clock::time_point t0) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 json layout_json(const parallel::ParallelLayout& l) {
     std::vector<int> counts;
     for (const auto& s : l.stage_blocks) counts.push_back(int(s.size()));
@@ -106,7 +103,7 @@ json layout_json(const parallel::ParallelLayout& l) {
             {"zero_stage", l.zero_stage},
             {"microbatches", l.microbatches},
             {"sequence_parallel", l.sequence_parallel},
-            {"schedule", parallel::schedule_name(l.schedule)},
+            {"schedule", core::pipeline_schedule_name(l.schedule)},
             {"virtual_stages", l.virtual_stages},
             {"stage_layers", counts}};
 }
@@ -307,11 +304,11 @@ void CheckpointSaver::save(int64_t step, const json& meta) {
     pending_ = std::move(p);
     if (options_.async) {
         pending_->writer = std::thread(write);
-        pending_->stall_s = since(t0);
+        pending_->stall_s = core::seconds_since(t0);
         return;
     }
     write();
-    pending_->stall_s = since(t0);
+    pending_->stall_s = core::seconds_since(t0);
     commit();
 }
 
@@ -395,7 +392,7 @@ void CheckpointSaver::commit() {
             ->wait();
         if (failed && st.error.empty()) st.error = "failed on another rank (see its log)";
     }
-    st.total_s = since(p->started);
+    st.total_s = core::seconds_since(p->started);
     // A synchronous save holds training up until it is committed.
     if (!options_.async) st.stall_s = st.total_s;
     last_ = st;

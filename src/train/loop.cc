@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/signals.h"
 #include "core/threads.h"
+#include "core/timing.h"
 #include "core/trace.h"
 #include "data/file_io.h"
 #include "kernels/kernels.h"
@@ -22,10 +23,6 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double seconds_since(Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 std::string format_duration(double s) {
     if (!std::isfinite(s) || s < 0) return "?";
@@ -243,7 +240,7 @@ StepOutcome Trainer::train_one(int64_t step) {
         APIARY_TRACE("data wait", core::trace::Kind::data);
         s.batch = &next_batch(step);
     }
-    s.data_wait = seconds_since(t0);
+    s.data_wait = core::seconds_since(t0);
     s.batch_number = s.batch->step + 1;
     s.lr = schedule_.at(step);
     // Testing hook: an overflowing loss scale on the last data-parallel rank
@@ -253,7 +250,7 @@ StepOutcome Trainer::train_one(int64_t step) {
     engine_.set_rank_signals(obs_->poll_health(), obs_->busy_seconds());
     s.result = engine_.train_step(s.batch->tokens.data(), s.batch->B, s.batch->T, s.lr,
                                   core::stop_requested(), poison);
-    s.dt = seconds_since(t0);
+    s.dt = core::seconds_since(t0);
     return s;
 }
 
@@ -315,7 +312,7 @@ void Trainer::maybe_log(int64_t done, const StepOutcome& s, bool last) {
     rec["tokens_per_s"] = tps;
     rec["mfu"] = mfu.value;
     if (mfu.capped) rec["mfu_capped"] = true;
-    rec["elapsed_s"] = seconds_since(t_start_);
+    rec["elapsed_s"] = core::seconds_since(t_start_);
     // Which tokens the step trained on (this rank's windows): runs that
     // must see the same data compare these.
     rec["batch_xxh64"] = data::hex64(
@@ -396,7 +393,7 @@ TrainSummary Trainer::finish(int64_t step, bool stop) {
         std::isnan(last_eval_) ? "val loss not measured (stopped before an evaluation finished)"
                                : fmt::format("val loss {:.4f} nats/token{}", last_eval_, per_byte);
     say("done: {} steps in {}, {} (unigram {:.4f}), peak memory {:.1f} MiB; checkpoint {}\n", step,
-        format_duration(seconds_since(t_start_)), val_part, summary.unigram_loss,
+        format_duration(core::seconds_since(t_start_)), val_part, summary.unigram_loss,
         double(mem.total_peak) / 1048576.0, summary.checkpoint_dir);
     obs_->finish();
     if (metrics_ && metrics_->lost() > 0) {

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/timing.h"
 #include "data/bpe_train.h"
 #include "data/file_io.h"
 #include "data/keys.h"
@@ -42,10 +43,6 @@ struct TokenizerChoice {
     std::string json;  // tokenizer.json text
     std::string what;  // for the banner
 };
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // A name no other process or call uses: cache entries are built under it
 // and renamed into place.
@@ -122,7 +119,7 @@ TokenizerChoice choose_tokenizer(const core::Config& c, const Corpus& corpus, co
     std::string text = tok.to_json_text();
     fs::create_directories(cache);
     publish_file(path, text);
-    if (verbose) fmt::print("{:.1f} s -> {}\n", seconds_since(t0), path.string());
+    if (verbose) fmt::print("{:.1f} s -> {}\n", core::seconds_since(t0), path.string());
     return {std::move(tok), std::move(text),
             fmt::format("BPE of {} tokens trained on it ({})", V, path.string())};
 }
@@ -183,7 +180,7 @@ std::string prepare_corpus(const core::Config& c, const Corpus& corpus, const To
                 fmt::format("{}: cannot publish the prepared corpus there", dir.string()));
         }
     }
-    if (verbose) fmt::print("{:.1f} s -> {}\n", seconds_since(t0), dir.string());
+    if (verbose) fmt::print("{:.1f} s -> {}\n", core::seconds_since(t0), dir.string());
     return dir.string();
 }
 

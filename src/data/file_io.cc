@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 
 #include "core/error.h"
 
@@ -36,6 +37,40 @@ std::string unusable_input(const std::string& path) {
     return "";
 }
 
+namespace {
+
+// The whole of path read through one descriptor (a pipe too); past
+// max_bytes, throws what too_big() makes.
+template <typename TooBig>
+std::string read_fd_bounded(const std::string& path, uint64_t max_bytes, TooBig too_big) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        throw IoError(fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
+    }
+    std::string out;
+    char buf[1 << 16];
+    for (;;) {
+        const ssize_t n = ::read(fd, buf, sizeof(buf));
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            const int e = errno;
+            ::close(fd);
+            throw IoError(
+                fmt::format("cannot read '{}' at byte {}: {}", path, out.size(), std::strerror(e)));
+        }
+        if (n == 0) break;
+        out.append(buf, static_cast<size_t>(n));
+        if (out.size() > max_bytes) {
+            ::close(fd);
+            throw too_big();
+        }
+    }
+    ::close(fd);
+    return out;
+}
+
+}  // namespace
+
 std::string read_file(const std::string& path, uint64_t max_bytes, const char* what) {
     namespace fs = std::filesystem;
     std::error_code ec;
@@ -57,53 +92,12 @@ std::string read_file(const std::string& path, uint64_t max_bytes, const char* w
         if (!ec && size > max_bytes) throw too_big(std::to_string(size));
     }
     // A pipe has no size: it is read up to the bound.
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        throw IoError(fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
-    }
-    std::string out;
-    char buf[1 << 16];
-    for (;;) {
-        const ssize_t n = ::read(fd, buf, sizeof(buf));
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            const int e = errno;
-            ::close(fd);
-            throw IoError(
-                fmt::format("cannot read '{}' at byte {}: {}", path, out.size(), std::strerror(e)));
-        }
-        if (n == 0) break;
-        out.append(buf, static_cast<size_t>(n));
-        if (out.size() > max_bytes) {
-            ::close(fd);
-            throw too_big("more than " + std::to_string(max_bytes));
-        }
-    }
-    ::close(fd);
-    return out;
+    return read_fd_bounded(path, max_bytes,
+                           [&] { return too_big("more than " + std::to_string(max_bytes)); });
 }
 
 std::string read_file(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        throw IoError(fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
-    }
-    std::string out;
-    char buf[1 << 16];
-    for (;;) {
-        const ssize_t n = ::read(fd, buf, sizeof(buf));
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            const int e = errno;
-            ::close(fd);
-            throw IoError(
-                fmt::format("cannot read '{}' at byte {}: {}", path, out.size(), std::strerror(e)));
-        }
-        if (n == 0) break;
-        out.append(buf, static_cast<size_t>(n));
-    }
-    ::close(fd);
-    return out;
+    return read_fd_bounded(path, std::numeric_limits<uint64_t>::max(), [] { return IoError(""); });
 }
 
 void write_file_atomic(const std::string& path, std::string_view data) {

@@ -152,7 +152,8 @@ int free_port() {
     return ntohs(a.sin_port);
 }
 
-std::string http_get(int port, const std::string& path) {
+// Connected to 127.0.0.1:port; -1 if not.
+int connect_local(int port) {
     const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -160,8 +161,14 @@ std::string http_get(int port, const std::string& path) {
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
         ::close(fd);
-        return "";
+        return -1;
     }
+    return fd;
+}
+
+std::string http_get(int port, const std::string& path) {
+    const int fd = connect_local(port);
+    if (fd < 0) return "";
     const std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
     (void)!::write(fd, req.data(), req.size());
     std::string out;
@@ -203,19 +210,6 @@ TEST(Metrics, ServesTheStepAndSensorsOverHttp) {
     EXPECT_EQ(body.find("apiary_cpu_frequency_hertz"), std::string::npos);
 }
 
-// Connected to 127.0.0.1:port; -1 if not.
-int connect_local(int port) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(uint16_t(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-        ::close(fd);
-        return -1;
-    }
-    return fd;
-}
 
 TEST(Metrics, IdleHalfSentRequestsDoNotBlockAScrape) {
     const int port = free_port();

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "ckpt/file_writer.h"
 #include "core/error.h"
 
 namespace apiary::ckpt {
@@ -31,98 +32,10 @@ size_t dtype_bytes(const std::string& dt) {
     return 0;
 }
 
-void write_all(int fd, const void* p, size_t n, const std::string& path) {
-    const char* c = static_cast<const char*>(p);
-    while (n > 0) {
-        const ssize_t w = ::write(fd, c, n);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            throw IoError(fmt::format("{}: write failed: {}", path, std::strerror(errno)));
-        }
-        c += w;
-        n -= size_t(w);
-    }
-}
-
 }  // namespace
 
-// Writes `parts` in order; the digest holds the file's xxh64 and, from part
-// `hash_parts_from` on, each part's own, computed from the same blocks while
-// they are in cache (a save would otherwise read its bytes twice).
-static FileDigest atomic_write_parts(const std::string& path,
-                                     const std::vector<std::pair<const void*, size_t>>& parts,
-                                     size_t hash_parts_from = SIZE_MAX) {
-    XXH64_state_t* state = XXH64_createState();
-    XXH64_state_t* part_state = XXH64_createState();
-    XXH64_reset(state, 0);
-    FileDigest digest;
-    const fs::path target(path);
-    const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-    // Unique per process and thread: ranks that write the same content-
-    // addressed piece at once must not share a temporary file.
-    const std::string tmp =
-        (dir / fmt::format(".{}.{}.{:x}.tmp", target.filename().string(), long(::getpid()),
-                           std::hash<std::thread::id>{}(std::this_thread::get_id())))
-            .string();
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) {
-        throw IoError(fmt::format("{}: cannot create: {}", tmp, std::strerror(errno)));
-    }
-    try {
-        // In blocks, each hashed while it is still in cache; every 64 MiB
-        // the kernel is told to start writing the last window back, so the
-        // disk works while later blocks are copied and the final fsync has
-        // little left to do (one big write then one fsync ran at about half
-        // of dd's rate here).
-        constexpr size_t kBlock = size_t(4) << 20, kWindow = size_t(64) << 20;
-        size_t flushed = 0;
-        for (size_t i = 0; i < parts.size(); ++i) {
-            const auto& [p, n] = parts[i];
-            const bool own = i >= hash_parts_from;
-            if (own) XXH64_reset(part_state, 0);
-            const char* c = static_cast<const char*>(p);
-            for (size_t at = 0; at < n; at += kBlock) {
-                const size_t len = std::min(kBlock, n - at);
-                write_all(fd, c + at, len, tmp);
-                XXH64_update(state, c + at, len);
-                if (own) XXH64_update(part_state, c + at, len);
-                digest.bytes += len;
-                if (digest.bytes - flushed >= kWindow) {
-                    ::sync_file_range(fd, off_t(flushed), off_t(digest.bytes - flushed),
-                                      SYNC_FILE_RANGE_WRITE);
-                    flushed = digest.bytes;
-                }
-            }
-            if (own) digest.tensors.push_back(XXH64_digest(part_state));
-        }
-        if (::fsync(fd) != 0) {
-            throw IoError(fmt::format("{}: fsync failed: {}", tmp, std::strerror(errno)));
-        }
-    } catch (...) {
-        XXH64_freeState(state);
-        XXH64_freeState(part_state);
-        ::close(fd);
-        ::unlink(tmp.c_str());
-        throw;
-    }
-    digest.xxh64 = XXH64_digest(state);
-    XXH64_freeState(state);
-    XXH64_freeState(part_state);
-    ::close(fd);
-    if (::rename(tmp.c_str(), path.c_str()) != 0) {
-        ::unlink(tmp.c_str());
-        throw IoError(fmt::format("{}: rename failed: {}", path, std::strerror(errno)));
-    }
-    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-    if (dfd >= 0) {
-        ::fsync(dfd);
-        ::close(dfd);
-    }
-    return digest;
-}
-
 FileDigest atomic_write(const std::string& path, const void* bytes, size_t n) {
-    return atomic_write_parts(path, {{bytes, n}});
+    return write_file_atomically(path, {{bytes, n}});
 }
 
 FileDigest digest_file(const std::string& path) {
@@ -165,9 +78,9 @@ FileDigest write_safetensors(const std::string& path, const std::vector<TensorEn
     // Pad the header with spaces so tensor data starts 8-byte aligned.
     while ((8 + h.size()) % 8 != 0) h += ' ';
     const uint64_t hlen = h.size();
-    std::vector<std::pair<const void*, size_t>> parts = {{&hlen, 8}, {h.data(), h.size()}};
+    FileParts parts = {{&hlen, 8}, {h.data(), h.size()}};
     for (const auto& t : tensors) parts.emplace_back(t.data, t.nbytes);
-    return atomic_write_parts(path, parts, 2);
+    return write_file_atomically(path, parts, 2);
 }
 
 bool tensor_bytes(const std::vector<int64_t>& shape, uint64_t width, uint64_t& bytes) {

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/bench_comm.h"
+#include "ckpt/file_writer.h"
 #include "cli/command.h"
 #include "core/error.h"
 #include "core/model_spec.h"
@@ -111,9 +112,11 @@ void bench_ckpt(const CkptArgs& a) {
     timed("sync");
     double dd_write_s = timed(dd);
     timed("sync");
+    ckpt::reset_write_times();
     const auto t_save = Clock::now();
     const std::string saved = train::save_checkpoint(*engine, (root / "run").string(), 1, meta);
     const double save_s = since(t_save);
+    const ckpt::WriteTimes wt = ckpt::write_times();
     timed("sync");
     dd_write_s = 0.5 * (dd_write_s + timed(dd));
     const bool cold = drop_caches();
@@ -192,6 +195,17 @@ void bench_ckpt(const CkptArgs& a) {
                       {"async_saves", stall_s.size()},
                       {"async_cost_per_save_s", async_cost},
                       {"sync_save_s", save_s},
+                      {"save_breakdown_s",
+                       {{"in_file_writes", wt.total_s},
+                        {"copy_and_hash_parts", wt.copy_hash_s},
+                        {"wait_for_free_block", wt.wait_s},
+                        {"hash_file_other_thread", wt.file_hash_s},
+                        {"write_calls", wt.write_s},
+                        {"start_writeback", wt.writeback_s},
+                        {"fsync_and_rename", wt.sync_s},
+                        {"outside_file_writes", save_s - wt.total_s}}},
+                      {"save_files", wt.files},
+                      {"save_files_direct", wt.direct_files},
                       {"async_stall_s", median(stall_s)},
                       {"async_stall_fraction_of_step", median(stall_s) / median(step_s)},
                       {"incremental_bytes_written", st.bytes_written},
@@ -207,6 +221,14 @@ void bench_ckpt(const CkptArgs& a) {
     fmt::print("  save {:.2f} GB/s, dd conv=fsync {:.2f} GB/s: {:.0f}% of dd\n",
                out["save_gb_per_s"].get<double>(), out["dd_write_gb_per_s"].get<double>(),
                100 * out["save_vs_dd"].get<double>());
+    fmt::print(
+        "  save {:.2f} s: in {} file writes {:.2f} s ({} with O_DIRECT), other (manifest, "
+        "directories) {:.2f} s\n"
+        "    per thread: copy and hash parts {:.2f} s, waiting for a free block {:.2f} s, "
+        "file hash {:.2f} s, write calls {:.2f} s, starting writeback {:.2f} s, fsync and "
+        "rename {:.2f} s\n",
+        save_s, wt.files, wt.total_s, wt.direct_files, save_s - wt.total_s, wt.copy_hash_s,
+        wt.wait_s, wt.file_hash_s, wt.write_s, wt.writeback_s, wt.sync_s);
     fmt::print("  load {:.2f} GB/s, dd {:.2f} GB/s: {:.0f}% of dd{}\n",
                out["load_gb_per_s"].get<double>(), out["dd_read_gb_per_s"].get<double>(),
                100 * out["load_vs_dd"].get<double>(), cold ? "" : " (page cache: not root)");

@@ -1,6 +1,6 @@
 #pragma once
 // `apiary ckpt export --format hf` and `apiary ckpt import`, hooked into the
-// `ckpt` verb (ckpt_cmd.cc) from ckpt_hf_cmd.cc.
+// `ckpt` verb (ckpt_cmd.cc) from ckpt_hf_cmd.cc; train/hf.h converts.
 
 #include <CLI/CLI.hpp>
 #include <string>
@@ -9,9 +9,7 @@
 
 namespace apiary::cli {
 
-// Writes out_dir/model.safetensors and out_dir/config.json as transformers'
-// save_pretrained would for the checkpoint's model (GPT2LMHeadModel or
-// LlamaForCausalLM), plus the run's tokenizer.json when it has one.
+// train::export_hf, then prints what it wrote.
 void export_hf(const train::CheckpointRef& ckpt, const std::string& out_dir);
 
 // Adds `import` to the `ckpt` subcommand.

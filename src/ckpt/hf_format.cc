@@ -1,4 +1,4 @@
-#include "cli/hf_format.h"
+#include "ckpt/hf_format.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "core/tensor.h"
 
-namespace apiary::cli::hf {
+namespace apiary::ckpt::hf {
 
 namespace fs = std::filesystem;
 using core::Arch;
@@ -304,6 +304,35 @@ core::ModelSpec spec_from_config(const json& c, const std::string& where) {
     return s;
 }
 
+json read_config_json(const std::string& path) {
+    // config.json is small; a device or a huge file is refused unread.
+    constexpr uintmax_t kMaxConfigBytes = uintmax_t(16) << 20;
+    std::error_code ec;
+    const auto st = fs::status(path, ec);
+    if (fs::exists(st) && !fs::is_regular_file(st)) {
+        throw IoError(
+            fmt::format("{}: not a regular file (a device, pipe or directory, or a "
+                        "symlink to one): put the model's config.json there",
+                        path));
+    }
+    if (fs::exists(st) && fs::file_size(path, ec) > kMaxConfigBytes) {
+        throw IoError(fmt::format("{}: {} bytes, more than the {} bytes a config.json may have",
+                                  path, fs::file_size(path, ec), kMaxConfigBytes));
+    }
+    std::ifstream in(path);
+    if (!in) {
+        throw IoError(
+            fmt::format("{}: missing (a Hugging Face model directory holds config.json "
+                        "and model.safetensors)",
+                        path));
+    }
+    try {
+        return json::parse(in);
+    } catch (const json::parse_error& e) {
+        throw IoError(fmt::format("{}: not valid JSON (byte {})", path, e.byte));
+    }
+}
+
 namespace {
 
 // An index lists one line per tensor: a few hundred KiB for the largest
@@ -442,4 +471,4 @@ std::vector<float> Checkpoint::read(const std::string& name,
     return out;
 }
 
-}  // namespace apiary::cli::hf
+}  // namespace apiary::ckpt::hf

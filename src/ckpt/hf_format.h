@@ -21,7 +21,7 @@
 #include "ckpt/safetensors.h"
 #include "core/model_spec.h"
 
-namespace apiary::cli::hf {
+namespace apiary::ckpt::hf {
 
 constexpr const char* kConfigFile = "config.json";
 constexpr const char* kWeightsFile = "model.safetensors";
@@ -56,6 +56,10 @@ nlohmann::json config_json(const core::ModelSpec& spec, std::optional<uint32_t> 
 // unsupported model_type or feature (RoPE scaling, biases in LLaMA, another
 // activation) or a value of the wrong type or range.
 core::ModelSpec spec_from_config(const nlohmann::json& config, const std::string& where);
+// The JSON of `path` (a model's config.json): a device, a directory or a
+// file over 16 MiB is refused unread, a missing file or invalid JSON is an
+// IoError naming the path.
+nlohmann::json read_config_json(const std::string& path);
 
 // The tensors of a Hugging Face model directory by name, read on demand:
 // model.safetensors, or else the files model.safetensors.index.json maps
@@ -78,9 +82,9 @@ class Checkpoint {
   private:
     void add_file(const std::string& file);
     std::string dir_, description_;
-    std::vector<std::unique_ptr<ckpt::SafetensorsFile>> files_;
+    std::vector<std::unique_ptr<SafetensorsFile>> files_;
     std::vector<std::string> paths_;
     std::map<std::string, size_t> where_;  // tensor -> index into files_
 };
 
-}  // namespace apiary::cli::hf
+}  // namespace apiary::ckpt::hf

@@ -1,16 +1,15 @@
-#include "cli/launch_targets.h"
+#include "train/launch_targets.h"
 
 #include <fmt/format.h>
 
 #include <filesystem>
 #include <optional>
 
-#include "cli/command.h"
 #include "core/error.h"
 #include "obs/keys.h"
 #include "obs/sd.h"
 
-namespace apiary::cli {
+namespace apiary::train {
 
 namespace {
 
@@ -28,7 +27,8 @@ const std::string* option_value(const std::vector<std::string>& args, size_t& i,
 }  // namespace
 
 std::string write_launch_targets(int ranks, const std::string& hosts,
-                                 const std::vector<std::string>& args) {
+                                 const std::vector<std::string>& args,
+                                 const ConfigLoader& load_config) {
     if (args.empty() || args[0] != "train") return "";
     std::string config_file, resume, scratch;
     std::vector<std::string> sets;
@@ -66,4 +66,4 @@ std::string write_launch_targets(int ranks, const std::string& hosts,
     return path;
 }
 
-}  // namespace apiary::cli
+}  // namespace apiary::train

@@ -1,6 +1,7 @@
 #include "core/placement.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <stdexcept>
@@ -53,10 +54,21 @@ void Placement::validate() const {
         throw std::invalid_argument(fmt::format("local shape has {} dims, global {}",
                                                 local_shape.size(), global_shape.size()));
     }
+    // Element counts are multiplied by every reader (inspect, verify, the
+    // loads): a shape whose product overflows 64 bits, or exceeds what any
+    // machine holds (2^48 elements), is refused here, once.
+    constexpr int64_t kMaxElements = int64_t(1) << 48;
+    int64_t elements = 1;
     for (size_t d = 0; d < global_shape.size(); ++d) {
         if (global_shape[d] < 0 || local_shape[d] < 0) {
             throw std::invalid_argument("negative dimension");
         }
+        if (global_shape[d] > 0 && elements > kMaxElements / global_shape[d]) {
+            throw std::invalid_argument(
+                fmt::format("global shape [{}] has more than 2^48 elements",
+                            fmt::join(global_shape, ", ")));
+        }
+        elements *= global_shape[d];
         if (int(d) != dim && local_shape[d] != global_shape[d]) {
             throw std::invalid_argument(
                 fmt::format("dimension {} is {} locally but {} globally and is not the split one",

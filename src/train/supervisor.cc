@@ -114,7 +114,13 @@ std::vector<std::string> launch_command(const LaunchOptions& o, const LaunchHost
             cmd.insert(cmd.end(), {"--mca", "mpi_yield_when_idle", "1"});
         }
         if (!o.hosts.empty()) {
-            cmd.insert(cmd.end(), {"--host", o.hosts});
+            // A host that dies silently (power, kernel, cable) sends no FIN:
+            // without keepalives on its daemon's connection mpirun waits for
+            // it forever and --max-restarts never restarts (tests/cluster:
+            // the job ends about 11 s after the crash with these).
+            cmd.insert(cmd.end(), {"--host", o.hosts, "--mca", "oob_tcp_keepalive_time", "5",
+                                   "--mca", "oob_tcp_keepalive_intvl", "2", "--mca",
+                                   "oob_tcp_keepalive_probes", "3"});
         } else if (o.ranks * o.threads > host.cores) {
             // More ranks x threads than cores here: allow it, and do not pin
             // several ranks to one core.

@@ -82,8 +82,10 @@ TEST(LaunchCommand, HostsRootAndLauncherArgsReachMpirun) {
     // With hosts the ranks are not all here: no oversubscription.
     EXPECT_EQ(launch_command(o, h),
               (Args{"mpirun", "-n", "16", "-x", "OMP_NUM_THREADS=1", "--allow-run-as-root", "--mca",
-                    "mpi_yield_when_idle", "1", "--host", "node1:8,node2:8", "--tag-output",
-                    "/opt/apiary", "train"}));
+                    "mpi_yield_when_idle", "1", "--host", "node1:8,node2:8", "--mca",
+                    "oob_tcp_keepalive_time", "5", "--mca", "oob_tcp_keepalive_intvl", "2",
+                    "--mca", "oob_tcp_keepalive_probes", "3", "--tag-output", "/opt/apiary",
+                    "train"}));
 }
 
 TEST(LaunchCommand, SrunInsideSlurmOrWhenAsked) {

@@ -2,9 +2,8 @@
 // FlashAttention-2 blocking of Dao 2023), so memory is O(T) per head: scores
 // exist only as one (64 x 64) block per thread. oneDNN's matmul overhead is
 // large at these block sizes, so the block products use a small hand-written
-// GEMM whose output tile stays in AVX-512 registers.
+// GEMM whose output tile stays in 16-lane vector registers (simd.h).
 
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,9 +12,12 @@
 
 #include "kernels/cpu/omp_util.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
 
 namespace apiary::kernels {
+
+using namespace simd;  // NOLINT: the 16-lane vocabulary of these kernels
 
 namespace {
 
@@ -25,42 +27,42 @@ using detail::fast_exp_masked;
 constexpr int64_t kBlock = 64;  // query and key block size (equal: see the mask logic)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Register-blocked micro-kernel: an (R x 16 NV) tile of C stays in AVX-512
+// Register-blocked micro-kernel: an (R x 16 NV) tile of C stays in vector
 // registers (R * NV <= 16 accumulators) while K streams through; the last
 // 16-wide vector of a row is masked, so any N works.
 template <int R, int NV>
 void micro_kernel(int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
-                  int64_t ldc, __mmask16 tail, bool accumulate) {
-    __m512 acc[R][NV];
+                  int64_t ldc, Mask tail, bool accumulate) {
+    Vf acc[R][NV];
     for (int r = 0; r < R; ++r) {
         for (int v = 0; v < NV; ++v) {
-            const __mmask16 m = v == NV - 1 ? tail : __mmask16(0xFFFF);
-            acc[r][v] = accumulate ? _mm512_maskz_loadu_ps(m, C + r * ldc + 16 * v)
-                                   : _mm512_setzero_ps();
+            const Mask m = v == NV - 1 ? tail : Mask(0xFFFF);
+            acc[r][v] = accumulate ? maskz_loadu(m, C + r * ldc + 16 * v)
+                                   : zero();
         }
     }
     for (int64_t k = 0; k < K; ++k) {
-        __m512 b[NV];
+        Vf b[NV];
         for (int v = 0; v < NV; ++v) {
-            const __mmask16 m = v == NV - 1 ? tail : __mmask16(0xFFFF);
-            b[v] = _mm512_maskz_loadu_ps(m, B + k * ldb + 16 * v);
+            const Mask m = v == NV - 1 ? tail : Mask(0xFFFF);
+            b[v] = maskz_loadu(m, B + k * ldb + 16 * v);
         }
         for (int r = 0; r < R; ++r) {
-            const __m512 a = _mm512_set1_ps(A[r * lda + k]);
-            for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(a, b[v], acc[r][v]);
+            const Vf a = set1(A[r * lda + k]);
+            for (int v = 0; v < NV; ++v) acc[r][v] = fmadd(a, b[v], acc[r][v]);
         }
     }
     for (int r = 0; r < R; ++r) {
         for (int v = 0; v < NV; ++v) {
-            const __mmask16 m = v == NV - 1 ? tail : __mmask16(0xFFFF);
-            _mm512_mask_storeu_ps(C + r * ldc + 16 * v, m, acc[r][v]);
+            const Mask m = v == NV - 1 ? tail : Mask(0xFFFF);
+            mask_storeu(C + r * ldc + 16 * v, m, acc[r][v]);
         }
     }
 }
 
 template <int R>
 void micro_rows(int nv, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb,
-                float* C, int64_t ldc, __mmask16 tail, bool accumulate) {
+                float* C, int64_t ldc, Mask tail, bool accumulate) {
     switch (nv) {
         case 1: return micro_kernel<R, 1>(K, A, lda, B, ldb, C, ldc, tail, accumulate);
         case 2: return micro_kernel<R, 2>(K, A, lda, B, ldb, C, ldc, tail, accumulate);
@@ -76,7 +78,7 @@ void small_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, co
         const int64_t cols = std::min<int64_t>(64, N - j0);
         const int nv = int((cols + 15) / 16);
         const int rem = int(cols - 16 * (nv - 1));
-        const __mmask16 tail = __mmask16((1u << rem) - 1u);
+        const Mask tail = Mask((1u << rem) - 1u);
         int64_t i = 0;
         for (; i + 4 <= M; i += 4) {
             micro_rows<4>(nv, K, A + i * lda, lda, B + j0, ldb, C + i * ldc + j0, ldc, tail,

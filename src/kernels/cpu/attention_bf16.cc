@@ -1,5 +1,6 @@
 // Causal attention in bf16: the same blockwise online softmax as attention.cc
-// (FlashAttention-2 blocking), with every block product on AVX512_BF16.
+// (FlashAttention-2 blocking), with every block product on bf16 pairs
+// (vdpbf16ps on AVX512_BF16; simd.h's generic vectors on other CPUs).
 // vdpbf16ps multiplies pairs of bf16 values and adds both products into one
 // fp32 lane, so each instruction does twice the multiply-adds of an fp32 FMA;
 // softmax statistics, the output before its final rounding and every
@@ -20,7 +21,6 @@
 // GCC 12 warns inside its own AVX-512 intrinsics (a known false positive on
 // the unused upper half of a mask register), as in matmul_bf16.cc.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -29,13 +29,14 @@
 #include <vector>
 
 #include "kernels/cpu/vec_math.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
 
 namespace apiary::kernels {
 
-namespace {
+using namespace simd;  // NOLINT: the 16-lane vocabulary of these kernels
 
-using detail::fast_exp16;
+namespace {
 
 constexpr int64_t kBlock = 64;  // query and key block size (equal: see the mask logic)
 
@@ -76,38 +77,38 @@ Pairs transposed_pair_rows(const uint32_t* a, int64_t ld) {
 // online softmax's rescale of the output, folded into the load.
 template <int R, int NV, bool kTail>
 void dot_tile(int64_t K2, Pairs A, const uint32_t* B, int64_t ldb, float* C, int64_t ldc,
-              __mmask16 tail, bool accumulate, const float* row_scale) {
+              Mask tail, bool accumulate, const float* row_scale) {
     // Only a partial last vector is accessed masked: masked loads and
     // stores are 2x slower than plain ones on this machine (measured).
     auto load_c = [&](const float* p, int v) {
-        return kTail && v == NV - 1 ? _mm512_maskz_loadu_ps(tail, p) : _mm512_loadu_ps(p);
+        return kTail && v == NV - 1 ? maskz_loadu(tail, p) : loadu(p);
     };
-    __m512 acc[R][NV];
+    Vf acc[R][NV];
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-        const __m512 scale = _mm512_set1_ps(row_scale ? row_scale[r] : 1.0f);
+        const Vf scale = set1(row_scale ? row_scale[r] : 1.0f);
 #pragma GCC unroll 16
         for (int v = 0; v < NV; ++v) {
-            acc[r][v] = accumulate ? _mm512_mul_ps(load_c(C + r * ldc + 16 * v, v), scale)
-                                   : _mm512_setzero_ps();
+            acc[r][v] = accumulate ? mul(load_c(C + r * ldc + 16 * v, v), scale)
+                                   : zero();
         }
     }
     for (int64_t k = 0; k < K2; ++k) {
-        __m512i b[NV];
+        Vi b[NV];
 #pragma GCC unroll 16
         for (int v = 0; v < NV; ++v) {
             const uint32_t* p = B + k * ldb + 16 * v;
-            b[v] = kTail && v == NV - 1 ? _mm512_maskz_loadu_epi32(tail, p) : _mm512_loadu_si512(p);
+            b[v] = kTail && v == NV - 1 ? maskz_loadu_i(tail, p) : loadu_i(p);
         }
         const uint16_t* ak = A.base + k * A.pair;
 #pragma GCC unroll 16
         for (int r = 0; r < R; ++r) {
             uint32_t a2;
             std::memcpy(&a2, ak + r * A.row, 4);
-            const __m512i a = _mm512_set1_epi32(int(a2));
+            const Vi a = set1_i(a2);
 #pragma GCC unroll 16
             for (int v = 0; v < NV; ++v) {
-                acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)a, (__m512bh)b[v]);
+                acc[r][v] = dot_bf16_pairs(acc[r][v], a, b[v]);
             }
         }
     }
@@ -117,9 +118,9 @@ void dot_tile(int64_t K2, Pairs A, const uint32_t* B, int64_t ldb, float* C, int
         for (int v = 0; v < NV; ++v) {
             float* p = C + r * ldc + 16 * v;
             if (kTail && v == NV - 1) {
-                _mm512_mask_storeu_ps(p, tail, acc[r][v]);
+                mask_storeu(p, tail, acc[r][v]);
             } else {
-                _mm512_storeu_ps(p, acc[r][v]);
+                storeu(p, acc[r][v]);
             }
         }
     }
@@ -127,7 +128,7 @@ void dot_tile(int64_t K2, Pairs A, const uint32_t* B, int64_t ldb, float* C, int
 
 template <int R, bool kTail>
 void dot_rows(int nv, int64_t K2, Pairs A, const uint32_t* B, int64_t ldb, float* C, int64_t ldc,
-              __mmask16 tail, bool accumulate, const float* row_scale) {
+              Mask tail, bool accumulate, const float* row_scale) {
     switch (nv) {
         case 1:
             return dot_tile<R, 1, kTail>(K2, A, B, ldb, C, ldc, tail, accumulate, row_scale);
@@ -142,7 +143,7 @@ void dot_rows(int nv, int64_t K2, Pairs A, const uint32_t* B, int64_t ldb, float
 
 template <int R>
 void dot_rows(int nv, int64_t K2, Pairs A, const uint32_t* B, int64_t ldb, float* C, int64_t ldc,
-              __mmask16 tail, bool accumulate, const float* row_scale) {
+              Mask tail, bool accumulate, const float* row_scale) {
     if (tail == 0xFFFF) {
         dot_rows<R, false>(nv, K2, A, B, ldb, C, ldc, tail, accumulate, row_scale);
     } else {
@@ -158,7 +159,7 @@ void dot(int64_t M, int64_t N, int64_t K2, Pairs A, const uint32_t* B, int64_t l
         const int64_t cols = std::min<int64_t>(64, N - j0);
         const int nv = int((cols + 15) / 16);
         const int rem = int(cols - 16 * (nv - 1));
-        const __mmask16 tail = __mmask16((1u << rem) - 1u);
+        const Mask tail = Mask((1u << rem) - 1u);
         int64_t i = 0;
         for (; i + 4 <= M; i += 4) {
             dot_rows<4>(nv, K2, A.rows_from(i), B + j0, ldb, C + i * ldc + j0, ldc, tail,
@@ -211,32 +212,23 @@ void pack_rows(uint32_t* dst, const uint16_t* src, int64_t lds, int64_t rows, in
     }
 }
 
-__mmask16 first_lanes(int64_t n) {
-    return _cvtu32_mask16(n >= 16 ? 0xFFFFu : n > 0 ? (1u << n) - 1u : 0u);
-}
-
-// 16 fp32 lanes to bf16 (round to nearest even), zero-extended to 32 bits.
-__m512i bf16_lanes(__m512 x) { return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x)); }
-
-// dst (n) bf16 = src (n) * mul, rounded to nearest even.
-void to_bf16_row(uint16_t* dst, const float* src, int64_t n, float mul) {
+// dst (n) bf16 = src (n) * factor, rounded to nearest even.
+void to_bf16_row(uint16_t* dst, const float* src, int64_t n, float factor) {
     for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = first_lanes(n - i);
-        const __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, src + i), _mm512_set1_ps(mul));
-        _mm256_mask_storeu_epi16(dst + i, m, (__m256i)_mm512_cvtneps_pbh(x));
+        const Mask m = first_lanes(n - i);
+        const Vf x = mul(maskz_loadu(m, src + i), set1(factor));
+        mask_store_bf16(dst + i, m, x);
     }
 }
 
 // sum of x (n) * y (n) with y bf16, in fp32.
 float dot_row(const float* x, const uint16_t* y, int64_t n) {
-    __m512 acc = _mm512_setzero_ps();
+    Vf acc = zero();
     for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 m = first_lanes(n - i);
-        const __m512i yb = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, y + i));
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i),
-                              _mm512_castsi512_ps(_mm512_slli_epi32(yb, 16)), acc);
+        const Mask m = first_lanes(n - i);
+        acc = fmadd(maskz_loadu(m, x + i), maskz_load_bf16(m, y + i), acc);
     }
-    return _mm512_reduce_add_ps(acc);
+    return reduce_add(acc);
 }
 
 struct Layout {
@@ -263,25 +255,25 @@ Pairs query_block(const uint16_t* q, int64_t ld, int64_t qn, int64_t HS, uint16_
 // padding is zero too); returns the factor the old output is rescaled by.
 float softmax_row(const float* s, uint16_t* p, int64_t last, float scale, float* m, float* l) {
     constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-    __m512 x[kBlock / 16];
-    __m512 mx = _mm512_set1_ps(kNegInf);
+    Vf x[kBlock / 16];
+    Vf mx = set1(kNegInf);
     for (int v = 0; v < kBlock / 16; ++v) {
-        const __mmask16 live = first_lanes(last - 16 * v);
-        x[v] = _mm512_mask_mul_ps(_mm512_set1_ps(kNegInf), live,
-                                  _mm512_maskz_loadu_ps(live, s + 16 * v), _mm512_set1_ps(scale));
-        mx = _mm512_max_ps(mx, x[v]);
+        const Mask live = first_lanes(last - 16 * v);
+        x[v] = mask_mul(set1(kNegInf), live,
+                                  maskz_loadu(live, s + 16 * v), set1(scale));
+        mx = max(mx, x[v]);
     }
-    const float m_new = std::max(*m, _mm512_reduce_max_ps(mx));
+    const float m_new = std::max(*m, reduce_max(mx));
     const float alpha = *m == kNegInf ? 0.0f : detail::fast_exp(*m - m_new);
-    __m512 sum = _mm512_setzero_ps();
+    Vf sum = zero();
     for (int v = 0; v < kBlock / 16; ++v) {
-        const __mmask16 live = first_lanes(last - 16 * v);
-        const __m512 e =
-            _mm512_maskz_mov_ps(live, fast_exp16(_mm512_sub_ps(x[v], _mm512_set1_ps(m_new))));
-        sum = _mm512_add_ps(sum, e);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 16 * v), (__m256i)_mm512_cvtneps_pbh(e));
+        const Mask live = first_lanes(last - 16 * v);
+        const Vf e =
+            maskz_mov(live, simd::exp(sub(x[v], set1(m_new))));
+        sum = add(sum, e);
+        store_bf16(p + 16 * v, e);
     }
-    *l = *l * alpha + _mm512_reduce_add_ps(sum);
+    *l = *l * alpha + reduce_add(sum);
     *m = m_new;
     return alpha;
 }
@@ -348,38 +340,37 @@ void gradient_rows(const float* s, const float* dp, int64_t qn, int64_t kn, int6
                    float scale, const float* lse, const float* D, uint32_t* pp, uint32_t* dsp,
                    uint16_t* ds) {
     for (int64_t r = 0; r < qn; r += 2) {
-        __m512i p_pair[kBlock / 16], ds_pair[kBlock / 16];
+        Vi p_pair[kBlock / 16], ds_pair[kBlock / 16];
         for (int64_t rr = r; rr < r + 2; ++rr) {
             const int64_t last = rr < qn ? std::min(kn, rr + diag) : 0;
             const float lr = rr < qn ? lse[rr] : 0.0f, dr = rr < qn ? D[rr] : 0.0f;
             for (int v = 0; v < kBlock / 16; ++v) {
-                const __mmask16 live = first_lanes(last - 16 * v);
-                const __m512 sv = _mm512_maskz_loadu_ps(live, s + rr * kBlock + 16 * v);
-                const __m512 dpv = _mm512_maskz_loadu_ps(live, dp + rr * kBlock + 16 * v);
-                const __m512 pv = _mm512_maskz_mov_ps(
-                    live, fast_exp16(_mm512_sub_ps(_mm512_mul_ps(sv, _mm512_set1_ps(scale)),
-                                                   _mm512_set1_ps(lr))));
+                const Mask live = first_lanes(last - 16 * v);
+                const Vf sv = maskz_loadu(live, s + rr * kBlock + 16 * v);
+                const Vf dpv = maskz_loadu(live, dp + rr * kBlock + 16 * v);
+                const Vf pv = maskz_mov(
+                    live, simd::exp(sub(mul(sv, set1(scale)),
+                                                   set1(lr))));
                 // dS, scaled for Q K^T
-                const __m512 dsv =
-                    _mm512_mul_ps(_mm512_mul_ps(pv, _mm512_sub_ps(dpv, _mm512_set1_ps(dr))),
-                                  _mm512_set1_ps(scale));
-                const __m512i pb = bf16_lanes(pv), dsb = bf16_lanes(dsv);
+                const Vf dsv =
+                    mul(mul(pv, sub(dpv, set1(dr))),
+                                  set1(scale));
+                const Vi pb = bf16_lanes(pv), dsb = bf16_lanes(dsv);
                 if (rr == r) {
                     p_pair[v] = pb;
                     ds_pair[v] = dsb;
                 } else {
-                    p_pair[v] = _mm512_or_si512(p_pair[v], _mm512_slli_epi32(pb, 16));
-                    ds_pair[v] = _mm512_or_si512(ds_pair[v], _mm512_slli_epi32(dsb, 16));
+                    p_pair[v] = or_i(p_pair[v], shift_left_16(pb));
+                    ds_pair[v] = or_i(ds_pair[v], shift_left_16(dsb));
                 }
                 if (rr < qn) {
-                    _mm256_storeu_si256(reinterpret_cast<__m256i*>(ds + rr * kBlock + 16 * v),
-                                        _mm512_cvtepi32_epi16(dsb));
+                    store_low16(ds + rr * kBlock + 16 * v, dsb);
                 }
             }
         }
         for (int v = 0; v < kBlock / 16; ++v) {
-            _mm512_storeu_si512(pp + r / 2 * kBlock + 16 * v, p_pair[v]);
-            _mm512_storeu_si512(dsp + r / 2 * kBlock + 16 * v, ds_pair[v]);
+            storeu_i(pp + r / 2 * kBlock + 16 * v, p_pair[v]);
+            storeu_i(dsp + r / 2 * kBlock + 16 * v, ds_pair[v]);
         }
     }
 }

@@ -13,7 +13,6 @@
 // GCC 12 warns inside its own AVX-512 intrinsics (a known false positive on
 // the unused upper half of a mask register), as in matmul_bf16.cc.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -23,9 +22,12 @@
 #include "core/error.h"
 #include "core/profile.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
 
 namespace apiary::kernels {
+
+using namespace simd;  // NOLINT: the 16-lane vocabulary of these kernels
 
 namespace {
 constexpr int64_t kRows = 512;
@@ -100,37 +102,6 @@ namespace {
 constexpr int64_t kDwRows = 1024;
 constexpr int64_t kDwVocabChunk = 16384;
 
-// In place 16 x 16 transpose: r[i] holds row i on entry, column i on exit.
-void transpose16(__m512 r[16]) {
-    __m512 t[16];
-    for (int i = 0; i < 8; ++i) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; ++i) {
-        const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
-        const __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
-        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
-        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
-    }
-    for (int i = 0; i < 2; ++i) {
-        for (int j = 0; j < 4; ++j) {
-            t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
-            t[8 * i + 4 + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0xdd);
-        }
-    }
-    for (int j = 0; j < 8; ++j) {
-        r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
-        r[j + 8] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xdd);
-    }
-}
-
-__mmask16 first_lanes(int64_t n) {
-    return _cvtu32_mask16(n >= 16 ? 0xFFFFu : n > 0 ? (1u << n) - 1u : 0u);
-}
-
 // Each row's log-sum-exp (lse) and gradient factor (grad_scale, or 0 for a
 // row whose target is < 0), and the block's loss: the first two passes of
 // softmax_xent_block.
@@ -144,20 +115,20 @@ void row_statistics(const float* logits, const int32_t* targets, int64_t rn, int
         // -ffast-math, and the scalar loop took most of this pass. The
         // second pass reads the row (200 KB for GPT-2) from L2.
         const float* row = logits + r * V;
-        const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+        const Vf neg_inf = set1(-std::numeric_limits<float>::infinity());
         const int64_t full = V / 16 * 16;
-        const __mmask16 tail = first_lanes(V - full);
-        __m512 mx = _mm512_mask_loadu_ps(neg_inf, tail, row + full);
-        for (int64_t v = 0; v < full; v += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(row + v));
-        const float m = _mm512_reduce_max_ps(mx);
-        const __m512 mv = _mm512_set1_ps(m);
-        __m512 sum = _mm512_maskz_mov_ps(
-            tail, detail::fast_exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, row + full), mv)));
+        const Mask tail = first_lanes(V - full);
+        Vf mx = mask_loadu(neg_inf, tail, row + full);
+        for (int64_t v = 0; v < full; v += 16) mx = max(mx, loadu(row + v));
+        const float m = reduce_max(mx);
+        const Vf mv = set1(m);
+        Vf sum = maskz_mov(
+            tail, simd::exp(sub(maskz_loadu(tail, row + full), mv)));
         for (int64_t v = 0; v < full; v += 16) {
             sum =
-                _mm512_add_ps(sum, detail::fast_exp16(_mm512_sub_ps(_mm512_loadu_ps(row + v), mv)));
+                add(sum, simd::exp(sub(loadu(row + v), mv)));
         }
-        lse[r] = m + std::log(_mm512_reduce_add_ps(sum));
+        lse[r] = m + std::log(reduce_add(sum));
         factor[r] = targets[r] < 0 ? 0.0f : grad_scale;
         if (targets[r] < 0) continue;
         block_loss += double(lse[r]) - double(row[targets[r]]);
@@ -185,36 +156,35 @@ void gradient_transposed(const float* logits, const int32_t* targets, const floa
         const int64_t c1 = std::min(V, (chunk + 1) * kChunk);
         for (int64_t r0 = 0; r0 < rn; r0 += 16) {
             for (int64_t v0 = chunk * kChunk; v0 < c1; v0 += 16) {
-                const __mmask16 cols = first_lanes(V - v0);
-                __m512 x[16];
+                const Mask cols = first_lanes(V - v0);
+                Vf x[16];
                 for (int i = 0; i < 16; ++i) {
                     const int64_t r = r0 + i;
                     if (r >= rn) {
-                        x[i] = _mm512_setzero_ps();
+                        x[i] = zero();
                         continue;
                     }
                     // Unmasked but for the last, partial tile: masked loads
                     // are 2x slower on this machine.
                     const float* src = logits + r * V + v0;
-                    const __m512 z = _mm512_sub_ps(
-                        cols == 0xFFFF ? _mm512_loadu_ps(src) : _mm512_maskz_loadu_ps(cols, src),
-                        _mm512_set1_ps(lse[r]));
-                    __m512 p = _mm512_mul_ps(detail::fast_exp16(z), _mm512_set1_ps(factor[r]));
+                    const Vf z = sub(
+                        cols == 0xFFFF ? loadu(src) : maskz_loadu(cols, src),
+                        set1(lse[r]));
+                    Vf p = mul(simd::exp(z), set1(factor[r]));
                     const int64_t t = targets[r] - v0;
                     if (t >= 0 && t < 16) {
-                        p = _mm512_mask_sub_ps(p, __mmask16(1u << t), p, _mm512_set1_ps(factor[r]));
+                        p = mask_sub(p, Mask(1u << t), p, set1(factor[r]));
                     }
                     x[i] = p;
                 }
                 transpose16(x);
-                const __mmask16 rows = first_lanes(rn - r0);
+                const Mask rows = first_lanes(rn - r0);
                 for (int j = 0; j < 16 && v0 + j < V; ++j) {
-                    const __m256i h = (__m256i)_mm512_cvtneps_pbh(x[j]);
                     uint16_t* dst = dl_t + (v0 + j) * ld + r0;
                     if (rows == 0xFFFF) {
-                        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), h);
+                        store_bf16(dst, x[j]);
                     } else {
-                        _mm256_mask_storeu_epi16(dst, rows, h);
+                        mask_store_bf16(dst, rows, x[j]);
                     }
                 }
             }

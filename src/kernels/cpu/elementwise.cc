@@ -1,5 +1,5 @@
 // Embedding, normalisation, activations and rotary embedding: memory-bound
-// loops written so GCC vectorises their inner dimension (AVX-512 here).
+// loops written so GCC vectorises their inner dimension (AVX-512 or AVX2: whatever the build machine has).
 
 #include <algorithm>
 #include <cmath>

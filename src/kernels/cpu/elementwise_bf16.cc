@@ -3,13 +3,12 @@
 // bf16 training, only ever read by to_bf16 (and, for a gradient, by the
 // bias's column sums), so each of these saves a write and a read of an fp32
 // activation and a parallel region. Same formulas as elementwise.cc (GELU
-// through fast_exp16, which mirrors fast_exp); the layernorm's row sums are
+// through simd::exp, which mirrors fast_exp); the layernorm's row sums are
 // vectorised, so its statistics differ from the fp32 kernel's in rounding.
 
 // GCC 12 warns inside its own AVX-512 intrinsics (a known false positive on
 // the unused upper half of a mask register), as in matmul_bf16.cc.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -17,57 +16,46 @@
 
 #include "kernels/cpu/omp_util.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
 
 namespace apiary::kernels {
 
+using namespace simd;  // NOLINT: the 16-lane vocabulary of these kernels
+
 namespace {
 
-using detail::fast_exp16;
 
-__mmask16 first_lanes(int64_t n) {
-    return _cvtu32_mask16(n >= 16 ? 0xFFFFu : n > 0 ? (1u << n) - 1u : 0u);
-}
-
-void store_bf16(uint16_t* dst, __mmask16 m, __m512 x) {
-    _mm256_mask_storeu_epi16(dst, m, (__m256i)_mm512_cvtneps_pbh(x));
-}
-
-void store_bf16(uint16_t* dst, __m512 x) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(x));
-}
-
-__m512 set1(float x) { return _mm512_set1_ps(x); }
 
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 
 // fast_tanh(x) = 1 - 2 / (exp(2x) + 1) on 16 lanes.
-__m512 tanh16(__m512 x) {
-    const __m512 e = fast_exp16(_mm512_mul_ps(set1(2.0f), x));
-    return _mm512_sub_ps(set1(1.0f), _mm512_div_ps(set1(2.0f), _mm512_add_ps(e, set1(1.0f))));
+Vf tanh16(Vf x) {
+    const Vf e = simd::exp(mul(set1(2.0f), x));
+    return sub(set1(1.0f), div(set1(2.0f), add(e, set1(1.0f))));
 }
 
 // u = sqrt(2/pi) (v + 0.044715 v^3), as gelu_forward computes it.
-__m512 gelu_arg(__m512 v) {
-    const __m512 v3 = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(set1(0.044715f), v), v), v);
-    return _mm512_mul_ps(set1(kGeluScale), _mm512_add_ps(v, v3));
+Vf gelu_arg(Vf v) {
+    const Vf v3 = mul(mul(mul(set1(0.044715f), v), v), v);
+    return mul(set1(kGeluScale), add(v, v3));
 }
 
-__m512 gelu16(__m512 v) {
-    const __m512 half_v = _mm512_mul_ps(set1(0.5f), v);
-    return _mm512_mul_ps(half_v, _mm512_add_ps(set1(1.0f), tanh16(gelu_arg(v))));
+Vf gelu16(Vf v) {
+    const Vf half_v = mul(set1(0.5f), v);
+    return mul(half_v, add(set1(1.0f), tanh16(gelu_arg(v))));
 }
 
 // d gelu / dv, as gelu_backward computes it.
-__m512 gelu_grad16(__m512 v) {
-    const __m512 th = tanh16(gelu_arg(v));
-    const __m512 sech2 = _mm512_sub_ps(set1(1.0f), _mm512_mul_ps(th, th));
-    const __m512 du = _mm512_mul_ps(
+Vf gelu_grad16(Vf v) {
+    const Vf th = tanh16(gelu_arg(v));
+    const Vf sech2 = sub(set1(1.0f), mul(th, th));
+    const Vf du = mul(
         set1(kGeluScale),
-        _mm512_add_ps(set1(1.0f), _mm512_mul_ps(_mm512_mul_ps(set1(3.0f * 0.044715f), v), v)));
-    const __m512 a = _mm512_mul_ps(set1(0.5f), _mm512_add_ps(set1(1.0f), th));
-    const __m512 b = _mm512_mul_ps(_mm512_mul_ps(_mm512_mul_ps(set1(0.5f), v), sech2), du);
-    return _mm512_add_ps(a, b);
+        add(set1(1.0f), mul(mul(set1(3.0f * 0.044715f), v), v)));
+    const Vf a = mul(set1(0.5f), add(set1(1.0f), th));
+    const Vf b = mul(mul(mul(set1(0.5f), v), sech2), du);
+    return add(a, b);
 }
 
 }  // namespace
@@ -77,10 +65,10 @@ void gelu_forward_bf16(uint16_t* out, const float* x, int64_t n) {
     for (int64_t i0 = 0; i0 < n; i0 += 4096) {
         const int64_t i1 = std::min(n, i0 + 4096);
         int64_t i = i0;
-        for (; i + 16 <= i1; i += 16) store_bf16(out + i, gelu16(_mm512_loadu_ps(x + i)));
+        for (; i + 16 <= i1; i += 16) store_bf16(out + i, gelu16(loadu(x + i)));
         if (i < i1) {
-            const __mmask16 m = first_lanes(i1 - i);
-            store_bf16(out + i, m, gelu16(_mm512_maskz_loadu_ps(m, x + i)));
+            const Mask m = first_lanes(i1 - i);
+            mask_store_bf16(out + i, m, gelu16(maskz_loadu(m, x + i)));
         }
     }
 }
@@ -108,17 +96,17 @@ void rows_to_bf16(uint16_t* dst, float* col_sums, int64_t N, int64_t W, Value&& 
         const int64_t full = j0 + (j1 - j0) / 16 * 16;
         for (int64_t i = 0; i < N; ++i) {
             for (int64_t j = j0; j < full; j += 16) {
-                const __m512 x = value(i * W + j, __mmask16(0xFFFF));
+                const Vf x = value(i * W + j, Mask(0xFFFF));
                 float* a = acc.data() + (j - j0);
-                _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), x));
+                storeu(a, add(loadu(a), x));
                 store_bf16(dst + i * W + j, x);
             }
             if (full < j1) {
-                const __mmask16 m = first_lanes(j1 - full);
-                const __m512 x = value(i * W + full, m);
+                const Mask m = first_lanes(j1 - full);
+                const Vf x = value(i * W + full, m);
                 float* a = acc.data() + (full - j0);
-                _mm512_mask_storeu_ps(a, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, a), x));
-                store_bf16(dst + i * W + full, m, x);
+                mask_storeu(a, m, add(maskz_loadu(m, a), x));
+                mask_store_bf16(dst + i * W + full, m, x);
             }
         }
         if (col_sums) {
@@ -128,21 +116,21 @@ void rows_to_bf16(uint16_t* dst, float* col_sums, int64_t N, int64_t W, Value&& 
 }
 
 // Loads 16 floats at p: unmasked when every lane is live.
-__m512 load16(const float* p, __mmask16 m) {
-    return m == 0xFFFF ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p);
+Vf load16(const float* p, Mask m) {
+    return m == 0xFFFF ? loadu(p) : maskz_loadu(m, p);
 }
 
 }  // namespace
 
 void gelu_backward_bf16(uint16_t* dx, float* col_sums, const float* x, const float* dout, int64_t N,
                         int64_t W) {
-    rows_to_bf16(dx, col_sums, N, W, [&](int64_t at, __mmask16 m) {
-        return _mm512_mul_ps(load16(dout + at, m), gelu_grad16(load16(x + at, m)));
+    rows_to_bf16(dx, col_sums, N, W, [&](int64_t at, Mask m) {
+        return mul(load16(dout + at, m), gelu_grad16(load16(x + at, m)));
     });
 }
 
 void to_bf16_column_sums(uint16_t* dst, float* col_sums, const float* src, int64_t N, int64_t W) {
-    rows_to_bf16(dst, col_sums, N, W, [&](int64_t at, __mmask16 m) { return load16(src + at, m); });
+    rows_to_bf16(dst, col_sums, N, W, [&](int64_t at, Mask m) { return load16(src + at, m); });
 }
 
 void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float* x,
@@ -151,27 +139,27 @@ void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const float
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < N; ++i) {
         const float* xi = x + i * C;
-        __m512 s = _mm512_setzero_ps();
+        Vf s = zero();
         for (int64_t c = 0; c < C; c += 16)
-            s = _mm512_add_ps(s, load16(xi + c, first_lanes(C - c)));
-        const float m = _mm512_reduce_add_ps(s) / float(C);
-        __m512 var = _mm512_setzero_ps();
+            s = add(s, load16(xi + c, first_lanes(C - c)));
+        const float m = reduce_add(s) / float(C);
+        Vf var = zero();
         for (int64_t c = 0; c < C; c += 16) {
-            const __mmask16 k = first_lanes(C - c);
-            const __m512 d = _mm512_maskz_sub_ps(k, load16(xi + c, k), set1(m));
-            var = _mm512_add_ps(var, _mm512_mul_ps(d, d));
+            const Mask k = first_lanes(C - c);
+            const Vf d = maskz_sub(k, load16(xi + c, k), set1(m));
+            var = add(var, mul(d, d));
         }
-        const float r = 1.0f / std::sqrt(_mm512_reduce_add_ps(var) / float(C) + eps);
+        const float r = 1.0f / std::sqrt(reduce_add(var) / float(C) + eps);
         for (int64_t c = 0; c < C; c += 16) {
-            const __mmask16 k = first_lanes(C - c);
-            const __m512 d = _mm512_sub_ps(load16(xi + c, k), set1(m));
-            const __m512 y =
-                _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(d, set1(r)), load16(weight + c, k)),
+            const Mask k = first_lanes(C - c);
+            const Vf d = sub(load16(xi + c, k), set1(m));
+            const Vf y =
+                add(mul(mul(d, set1(r)), load16(weight + c, k)),
                               load16(bias + c, k));
             if (k == 0xFFFF) {
                 store_bf16(out + i * C + c, y);
             } else {
-                store_bf16(out + i * C + c, k, y);
+                mask_store_bf16(out + i * C + c, k, y);
             }
         }
         mean[i] = m;

@@ -1,6 +1,7 @@
 // bf16 matrix multiply with fp32 accumulation and fp32 output, through
-// oneDNN's matmul primitive (AVX512_BF16 on this CPU: about 700 GFLOP/s with
-// two threads, against about 380 for fp32 sgemm). oneDNN has no bf16 BLAS
+// oneDNN's matmul primitive (on an AVX512_BF16 CPU about 700 GFLOP/s with
+// two threads, against about 380 for fp32 sgemm; oneDNN picks its own path
+// on CPUs without native bf16). oneDNN has no bf16 BLAS
 // call, and creating a primitive costs far more than a small multiply, so
 // primitives are cached per (shape, strides, accumulate): a training run
 // uses a few dozen.
@@ -8,8 +9,10 @@
 // GCC 12 warns inside its own AVX-512 conversion intrinsics (a known false
 // positive on the unused upper half of a mask register).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
 
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -22,9 +25,12 @@
 
 #include "core/error.h"
 #include "kernels/cpu/best_rate.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
 
 namespace apiary::kernels {
+
+using namespace simd;  // NOLINT: the 16-lane vocabulary of these kernels
 
 namespace {
 
@@ -109,28 +115,30 @@ void to_bf16(uint16_t* dst, const float* src, int64_t n) {
         const int64_t i1 = std::min(n, i0 + 4096);
         int64_t i = i0;
         for (; i + 16 <= i1; i += 16) {
-            const __m512 v = _mm512_loadu_ps(src + i);
-            const __m256bh h = _mm512_cvtneps_pbh(v);
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), (__m256i)h);
+            store_bf16(dst + i, loadu(src + i));
         }
         for (; i < i1; ++i) dst[i] = core::f32_to_bf16(src[i]);
     }
 }
 
 void round_to_f16(float* x, int64_t n) {
-    // Through F16C: values land on the fp16 grid, beyond 65504 become inf.
+    // Through F16C where the CPU has it: values land on the fp16 grid, beyond 65504 become inf.
 #pragma omp parallel for schedule(static)
     for (int64_t i0 = 0; i0 < n; i0 += 4096) {
         const int64_t i1 = std::min(n, i0 + 4096);
         int64_t i = i0;
-        for (; i + 16 <= i1; i += 16) {
-            const __m256i h = _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT);
-            _mm512_storeu_ps(x + i, _mm512_cvtph_ps(h));
+#if defined(__F16C__)
+        for (; i + 8 <= i1; i += 8) {
+            const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT);
+            _mm256_storeu_ps(x + i, _mm256_cvtph_ps(h));
         }
         for (; i < i1; ++i) {
             const __m128i h = _mm_cvtps_ph(_mm_set_ss(x[i]), _MM_FROUND_TO_NEAREST_INT);
             x[i] = _mm_cvtss_f32(_mm_cvtph_ps(h));
         }
+#else
+        for (; i < i1; ++i) x[i] = core::f16_to_f32(core::f32_to_f16(x[i]));
+#endif
     }
 }
 

@@ -4,14 +4,16 @@
 // GCC 12 warns inside its own AVX-512 intrinsics (a known false positive on
 // the unused upper half of a mask register), as in matmul_bf16.cc.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
 
 namespace apiary::kernels {
+
+using namespace simd;  // NOLINT: the 16-lane vocabulary of these kernels
 
 namespace {
 
@@ -70,9 +72,8 @@ void adamw_update_bf16_copy(float* param, uint16_t* param_bf16, const float* gra
         // The same rounding as to_bf16 (vcvtneps2bf16), so the copy is what
         // a separate cast of the weights would have written.
         for (int64_t i = i0; i < i1; i += 16) {
-            const __mmask16 live = _cvtu32_mask16(i1 - i >= 16 ? 0xFFFFu : (1u << (i1 - i)) - 1u);
-            const __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(live, param + i));
-            _mm256_mask_storeu_epi16(param_bf16 + i, live, (__m256i)h);
+            const Mask live = first_lanes(i1 - i);
+            mask_store_bf16(param_bf16 + i, live, maskz_loadu(live, param + i));
         }
     }
 }

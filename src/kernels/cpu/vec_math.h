@@ -1,9 +1,7 @@
 #pragma once
 // Vectorisable elementwise math. glibc's expf/tanhf are scalar calls that
 // stop the compiler from vectorising a loop; these are branch-free
-// polynomials the compiler turns into AVX-512 code. Accuracy is stated on each.
-
-#include <immintrin.h>
+// polynomials the compiler vectorises (simd::exp is fast_exp on 16 lanes). Accuracy is stated on each.
 
 #include <cmath>
 #include <cstdint>
@@ -35,27 +33,6 @@ inline float fast_exp(float x) {
 
 // Masked-out scores are exactly zero after exp, whatever the row max.
 inline float fast_exp_masked(float x) { return x <= -87.0f ? 0.0f : fast_exp(x); }
-
-// fast_exp on 16 lanes, written out for kernels whose loops the compiler
-// does not vectorise on its own (masked rows of a block): same clamp, same
-// polynomial, so the same results as the scalar version.
-inline __m512 fast_exp16(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-    const __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(fx, _mm512_set1_ps(0.693359375f)));
-    r = _mm512_add_ps(r, _mm512_mul_ps(fx, _mm512_set1_ps(2.12194440e-4f)));
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r),
-                      _mm512_set1_ps(1.0f));
-    const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127));
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(e, 23)));
-}
 
 // tanh via exp: tanh(x) = 1 - 2 / (exp(2x) + 1); absolute error under 1e-6.
 inline float fast_tanh(float x) {

@@ -140,6 +140,13 @@ namespace apiary::kernels {
 // C (M, N) fp32 = op(A) op(B) (+ C when beta = 1), A and B bf16, fp32 accumulation.
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
                int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc);
+// Whether gemm_bf16 runs as oneDNN's bf16 matmul (false where oneDNN has none
+// for this CPU, as on AVX2-only machines: the operands are then widened to
+// fp32 and multiplied by sgemm, same products, fp32 speed).
+bool gemm_bf16_is_native();
+// Tests: run every bf16 GEMM through the widening path even where the native
+// one exists, so both are checked on any machine.
+void force_gemm_bf16_widening(bool on);
 // Round to nearest even into bf16.
 void to_bf16(uint16_t* dst, const float* src, int64_t n);
 // Puts values on the fp16 grid in place (emulated fp16 storage): magnitudes

@@ -415,6 +415,66 @@ TEST(Bf16, LinearForwardAndBackwardMatchReferenceOnBf16Inputs) {
 
 namespace {
 
+// gemm_bf16 in one form (transposes, leading dimensions past the used
+// columns, beta 0 and 1) against fp64 on the bf16 operands.
+void check_gemm_bf16_form(bool ta, bool tb, float beta) {
+    const int M = 7, N = 19, K = 33, pad = 3;
+    const int a_rows = ta ? K : M, a_cols = (ta ? M : K) + pad;
+    const int b_rows = tb ? N : K, b_cols = (tb ? K : N) + pad;
+    const auto ah = bf16_of(random_vec(a_rows * a_cols, 57)), bh = bf16_of(random_vec(b_rows * b_cols, 58));
+    const auto a64 = f64_of(ah), b64 = f64_of(bh);
+    const int ldc = N + pad;
+    std::vector<float> c = random_vec(M * ldc, 59);
+    std::vector<double> ref(M * ldc);
+    for (int m = 0; m < M; ++m)
+        for (int n = 0; n < ldc; ++n) {
+            double acc = n < N ? beta * double(c[m * ldc + n]) : double(c[m * ldc + n]);
+            for (int kk = 0; n < N && kk < K; ++kk) {
+                const double av = ta ? a64[kk * a_cols + m] : a64[m * a_cols + kk];
+                const double bv = tb ? b64[n * b_cols + kk] : b64[kk * b_cols + n];
+                acc += av * bv;
+            }
+            ref[m * ldc + n] = acc;
+        }
+    k::gemm_bf16(ta, tb, M, N, K, ah.data(), a_cols, bh.data(), b_cols, beta, c.data(), ldc);
+    EXPECT_LT(rel_error(c, ref), kFwdTol) << "trans_a " << ta << " trans_b " << tb << " beta " << beta;
+}
+
+void check_gemm_bf16_forms() {
+    for (bool ta : {false, true})
+        for (bool tb : {false, true})
+            for (float beta : {0.0f, 1.0f}) check_gemm_bf16_form(ta, tb, beta);
+}
+
+}  // namespace
+
+// Where oneDNN has no bf16 matmul (AVX2 CPUs) every bf16 GEMM widens its
+// operands to fp32: both paths are checked on any machine, and where both
+// exist they agree to fp32 summation order.
+TEST(Bf16, GemmInEveryFormMatchesReferenceNativeAndWidened) {
+    if (k::gemm_bf16_is_native()) check_gemm_bf16_forms();
+    k::force_gemm_bf16_widening(true);
+    EXPECT_FALSE(k::gemm_bf16_is_native());
+    check_gemm_bf16_forms();
+    const int N = 9, IN = 21, OUT = 13;
+    const auto xh = bf16_of(random_vec(N * IN, 51)), wh = bf16_of(random_vec(OUT * IN, 52));
+    const auto b = random_vec(OUT, 53);
+    std::vector<float> y_wide(N * OUT);
+    std::vector<uint16_t> yh_wide(N * OUT);
+    k::linear_forward_bf16(y_wide.data(), xh.data(), wh.data(), b.data(), N, IN, OUT);
+    k::linear_forward_bf16_out(yh_wide.data(), xh.data(), wh.data(), b.data(), N, IN, OUT);
+    k::force_gemm_bf16_widening(false);
+    EXPECT_EQ(yh_wide, bf16_of(y_wide));
+    EXPECT_LT(rel_error(y_wide, ref_linear(f64_of(xh), f64_of(wh), to_f64(b), N, IN, OUT)), kFwdTol);
+    if (k::gemm_bf16_is_native()) {
+        std::vector<float> y(N * OUT);
+        k::linear_forward_bf16(y.data(), xh.data(), wh.data(), b.data(), N, IN, OUT);
+        EXPECT_LT(rel_error(y_wide, to_f64(y)), 1e-6);
+    }
+}
+
+namespace {
+
 // The bf16 head against fp64 on the bf16 h and W (exact in fp64), with the
 // gradient written analytically: (softmax - onehot) * scale. Tolerances: the
 // loss comes from fp32 logits (1e-5); the gradients go through the

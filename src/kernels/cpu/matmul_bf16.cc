@@ -1,10 +1,18 @@
 // bf16 matrix multiply with fp32 accumulation and fp32 output, through
 // oneDNN's matmul primitive (on an AVX512_BF16 CPU about 700 GFLOP/s with
-// two threads, against about 380 for fp32 sgemm; oneDNN picks its own path
-// on CPUs without native bf16). oneDNN has no bf16 BLAS
+// two threads, against about 380 for fp32 sgemm; oneDNN emulates bf16 on
+// other AVX-512 CPUs). oneDNN has no bf16 BLAS
 // call, and creating a primitive costs far more than a small multiply, so
 // primitives are cached per (shape, strides, accumulate): a training run
 // uses a few dozen.
+//
+// oneDNN (2.6, Debian 12) has no bf16 matmul at all on CPUs without
+// AVX-512 (AVX2 machines): creating the primitive fails as "unimplemented".
+// There the operands are widened to fp32, which is exact (every bf16 value is
+// an fp32 value, and so is the product of two), and multiplied by oneDNN's
+// fp32 sgemm, which accumulates in fp32 as the bf16 primitive does: the same
+// products summed in another order, at fp32 speed. The switch is made once,
+// on the first primitive that cannot be created, and said once on stderr.
 
 // GCC 12 warns inside its own AVX-512 conversion intrinsics (a known false
 // positive on the unused upper half of a mask register).
@@ -13,6 +21,8 @@
 #if defined(__F16C__)
 #include <immintrin.h>
 #endif
+#include <atomic>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -52,17 +62,69 @@ Cache& cache() {
 
 // C (M, N) = op(A) op(B) (+ C when beta = 1) (+ bias (N) broadcast over rows);
 // C is fp32, or bf16 (rounded to nearest even) when c_bf16.
+// -1 not yet known, 1 oneDNN's bf16 primitive, 0 widened to fp32.
+std::atomic<int> g_native{-1};
+std::atomic<bool> g_forced_widening{false};
+
+// The rows x cols matrix at src (leading dimension ld) widened into dst
+// (leading dimension cols).
+void widen(float* dst, const uint16_t* src, int64_t rows, int64_t cols, int64_t ld) {
+#pragma omp parallel for schedule(static) if (rows * cols > 65536)
+    for (int64_t r = 0; r < rows; ++r) {
+        const uint16_t* s = src + r * ld;
+        float* d = dst + r * cols;
+        for (int64_t j = 0; j < cols; ++j) d[j] = core::bf16_to_f32(s[j]);
+    }
+}
+
+// matmul_bf16's contract through fp32 sgemm on widened copies (see the top).
+void matmul_widened(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                    const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta,
+                    const float* bias, void* C, int64_t ldc, bool c_bf16) {
+    // Stored shapes: op(A) is M x K, so A is K x M when transposed.
+    const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+    const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+    std::vector<float> a(size_t(a_rows * a_cols)), b(size_t(b_rows * b_cols));
+    widen(a.data(), A, a_rows, a_cols, lda);
+    widen(b.data(), B, b_rows, b_cols, ldb);
+    std::vector<float> c16;  // the fp32 result when C is bf16
+    float* out = static_cast<float*>(C);
+    int64_t ldo = ldc;
+    if (c_bf16) {
+        c16.assign(size_t(M * N), 0.0f);
+        if (beta == 1.0f) widen(c16.data(), static_cast<const uint16_t*>(C), M, N, ldc);
+        out = c16.data();
+        ldo = N;
+    }
+    gemm(trans_a, trans_b, M, N, K, a.data(), a_cols, b.data(), b_cols, beta, out, ldo);
+    if (bias) {
+#pragma omp parallel for schedule(static) if (M * N > 65536)
+        for (int64_t r = 0; r < M; ++r) {
+            for (int64_t j = 0; j < N; ++j) out[r * ldo + j] += bias[j];
+        }
+    }
+    if (c_bf16) {
+        auto* c = static_cast<uint16_t*>(C);
+        for (int64_t r = 0; r < M; ++r) to_bf16(c + r * ldc, out + r * N, N);
+    }
+}
+
 void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
                  int64_t lda, const uint16_t* B, int64_t ldb, float beta, const float* bias,
                  void* C, int64_t ldc, bool c_bf16 = false) {
     if (M == 0 || N == 0) return;
     APIARY_CHECK(beta == 0.0f || beta == 1.0f, "gemm_bf16: beta must be 0 or 1, got {}", beta);
+    if (g_forced_widening.load() || g_native.load() == 0) {
+        matmul_widened(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, bias, C, ldc, c_bf16);
+        return;
+    }
     using dt = dnnl::memory::data_type;
     using dims = dnnl::memory::dims;
     Cache& c = cache();
     const Key key{trans_a, trans_b, M, N, K, lda, ldb, ldc, beta == 1.0f, bias != nullptr, c_bf16};
-    const dnnl::matmul* prim;
-    const dnnl::matmul::primitive_desc* pd;
+    const dnnl::matmul* prim = nullptr;
+    const dnnl::matmul::primitive_desc* pd = nullptr;
+    bool unimplemented = false;
     {
         std::lock_guard lock(c.mutex);
         auto it = c.prims.find(key);
@@ -82,11 +144,31 @@ void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, co
                                                                            dims{N, 1}),
                                                         c_md)
                                    : dnnl::matmul::desc(a_md, b_md, c_md);
-            dnnl::matmul::primitive_desc p(desc, attr, c.engine);
-            it = c.prims.emplace(key, std::make_pair(dnnl::matmul(p), p)).first;
+            dnnl::matmul::primitive_desc p;
+            try {
+                p = dnnl::matmul::primitive_desc(desc, attr, c.engine);
+            } catch (const dnnl::error& e) {
+                if (e.status != dnnl_unimplemented) throw;
+                unimplemented = true;
+            }
+            if (!unimplemented) {
+                g_native.store(1);
+                it = c.prims.emplace(key, std::make_pair(dnnl::matmul(p), p)).first;
+            }
         }
-        prim = &it->second.first;
-        pd = &it->second.second;
+        if (!unimplemented) {
+            prim = &it->second.first;
+            pd = &it->second.second;
+        }
+    }
+    if (unimplemented) {
+        if (g_native.exchange(0) != 0) {
+            std::fprintf(stderr,
+                         "apiary: oneDNN has no bf16 matrix multiply on this CPU; bf16 GEMMs run "
+                         "as fp32 GEMMs on widened operands (same products, fp32 speed)\n");
+        }
+        matmul_widened(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, bias, C, ldc, c_bf16);
+        return;
     }
     dnnl::memory a(pd->src_desc(), c.engine, const_cast<uint16_t*>(A));
     dnnl::memory b(pd->weights_desc(), c.engine, const_cast<uint16_t*>(B));
@@ -102,6 +184,19 @@ void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, co
 }
 
 }  // namespace
+
+bool gemm_bf16_is_native() {
+    if (g_forced_widening.load()) return false;
+    if (g_native.load() < 0) {
+        // One small multiply settles it.
+        const uint16_t one = 0x3f80;
+        float c = 0.0f;
+        matmul_bf16(false, false, 1, 1, 1, &one, 1, &one, 1, 0.0f, nullptr, &c, 1);
+    }
+    return g_native.load() == 1;
+}
+
+void force_gemm_bf16_widening(bool on) { g_forced_widening.store(on); }
 
 void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
                int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C, int64_t ldc) {

@@ -11,6 +11,7 @@
 #include "core/profile.h"
 #include "core/timing.h"
 #include "core/trace.h"
+#include "comm/self_group.h"
 
 namespace apiary::parallel {
 
@@ -32,16 +33,15 @@ Engine::Engine(const core::ModelSpec& spec, const ParallelLayout& layout, comm::
                int64_t max_B, int64_t max_T, const EngineOptions& o)
     : spec_(spec),
       layout_(layout),
-      world_(world && world->size() > 1 ? world : nullptr),
+      self_(world && world->size() > 1 ? nullptr : std::make_shared<comm::SelfGroup>("world")),
+      world_(self_ ? self_.get() : world),
       scaler_(o.loss_scaler, o.precision == model::Precision::fp16),
       overlap_reduction_(o.overlap_reduction) {
     APIARY_CHECK(layout_.mesh.world_size() == world_size(), "layout {} on {} ranks",
                  layout_.describe(), world_size());
-    if (world_) {
-        mesh_ = std::make_unique<comm::DeviceMesh>(
-            std::shared_ptr<comm::ProcessGroup>(world_, [](comm::ProcessGroup*) {}), layout_.mesh);
-        coord_ = mesh_->coord();
-    }
+    mesh_ = std::make_unique<comm::DeviceMesh>(
+        std::shared_ptr<comm::ProcessGroup>(world_, [](comm::ProcessGroup*) {}), layout_.mesh);
+    coord_ = mesh_->coord();
     const int p = layout_.pp(), dp = layout_.dp();
     // Without data-parallel peers there is nothing to shard.
     if (dp == 1) layout_.zero_stage = 0;
@@ -53,7 +53,7 @@ Engine::Engine(const core::ModelSpec& spec, const ParallelLayout& layout, comm::
             world_->split(end ? coord_.dp * layout_.tp() + coord_.tp : -1, coord_.pp, "tied");
         has_tied_ = end;
     }
-    if (layout_.tp() > 1) tp_ = std::make_unique<TpComm>(mesh_->tp());
+    tp_ = std::make_unique<TpComm>(mesh_->tp());
     const PipelineSchedule kind = p == 1 ? PipelineSchedule::one_f_one_b : layout_.schedule;
     ops_ = pipeline_schedule(kind, p, coord_.pp, layout_.microbatches, layout_.virtual_stages);
 
@@ -64,7 +64,7 @@ Engine::Engine(const core::ModelSpec& spec, const ParallelLayout& layout, comm::
     mo.shard = layout_.shard(coord_);
     mo.shard.slots = slots_needed(ops_);
     model_ = std::make_unique<model::Transformer>(spec_, max_B, max_T, mo);
-    if (tp_) model_->set_tp_comm(tp_.get());
+    model_->set_tp_comm(tp_.get());
     if (has_tied_) {
         tied_entry_ = model_->registry().index_of(
             spec_.arch == core::Arch::gpt2 ? "wte.weight" : "model.embed_tokens.weight");
@@ -78,23 +78,15 @@ Engine::Engine(const core::ModelSpec& spec, const ParallelLayout& layout, comm::
     slot_of_.resize(size_t(model_->num_chunks()));
     tp_fixed_.assign(model_->units().size(), false);
 
-    if (dp > 1) {
-        comm::ProcessGroup& g = mesh_->dp();
-        const int zero = layout_.zero_stage;
-        if (zero >= 1) shards_ = std::make_unique<DpShards>(g, *model_);
-        if (zero == 0) {
-            owned_sync_ = std::make_unique<AllReduceSync>(g, *model_, o.bucket_mb, o.bf16_wire);
-        } else if (zero == 1) {
-            owned_sync_ = std::make_unique<ReduceScatterSync>(g, *model_, *shards_, o.bf16_wire);
-        } else {
-            auto store = std::make_unique<ShardedStore>(g, *model_, *shards_, zero, o.bf16_wire);
-            store->set_before_reduce([this](int u, float* g) { reduce_tp_partial(u, g); });
-            store_ = store.get();
-            owned_sync_ = std::move(store);
-        }
-        sync_ = owned_sync_.get();
-    }
-    build_optimizer(o);
+    DataParallelOptions d;
+    d.zero_stage = layout_.zero_stage;
+    d.bucket_mb = o.bucket_mb;
+    d.bf16_wire = o.bf16_wire;
+    d.adamw = o.adamw;
+    d.freeze = o.freeze;
+    d.tp_rank = coord_.tp;
+    dp_ = std::make_unique<DataParallel>(mesh_->dp(), *model_, d,
+                                         [this](int u, float* g) { reduce_tp_partial(u, g); });
 }
 
 Engine::~Engine() {
@@ -108,81 +100,7 @@ Engine::~Engine() {
     }
 }
 
-comm::ProcessGroup* Engine::dp_group() { return mesh_ ? &mesh_->dp() : nullptr; }
-
-void Engine::build_optimizer(const EngineOptions& o) {
-    const auto& entries = model_->registry().entries();
-    const int zero = layout_.zero_stage;
-    // A gradient counts in the global norm on one rank only.
-    auto frozen = [&](const model::ParamInfo& e) {
-        for (const auto& prefix : o.freeze) {
-            if (e.name.rfind(prefix, 0) == 0) return true;
-        }
-        return false;
-    };
-    auto counted = [&](const model::ParamInfo& e) {
-        if (e.tied_copy || frozen(e)) return false;
-        if (coord_.tp != 0 && !e.split()) return false;
-        return zero > 0 || coord_.dp == 0;
-    };
-    ranges_.clear();
-    if (zero == 0) {
-        for (const auto& e : entries) {
-            optim::ParamRange r{e.offset, e.numel(), e.decay};
-            r.in_norm = counted(e);
-            r.frozen = frozen(e);
-            ranges_.push_back(r);
-        }
-        adam_ = std::make_unique<optim::AdamW>(ranges_, model_->flat_size(), o.adamw);
-        return;
-    }
-    // ZeRO: the state is this rank's pieces, packed; parameters stay in the
-    // flat buffer below stage 3, gradients below stage 2.
-    for (const auto& piece : shards_->pieces()) {
-        for (const auto& e : entries) {
-            const int64_t lo = std::max(e.offset, piece.begin);
-            const int64_t hi = std::min(e.offset + e.numel(), piece.begin + piece.count);
-            if (lo >= hi) continue;
-            optim::ParamRange r{piece.packed + (lo - piece.begin), hi - lo, e.decay};
-            if (zero < 3) r.param_offset = lo;
-            if (zero == 1) r.grad_offset = lo;
-            r.in_norm = counted(e);
-            r.frozen = frozen(e);
-            ranges_.push_back(r);
-        }
-    }
-    adam_ = std::make_unique<optim::AdamW>(ranges_, shards_->packed_size(), o.adamw);
-}
-
-float* Engine::optimizer_params() {
-    return layout_.zero_stage == 3 ? store_->master_params() : model_->params();
-}
-
-void Engine::init(uint64_t seed) {
-    if (layout_.zero_stage == 3) {
-        // Every element is a pure function of (seed, name, index): the
-        // whole shard is made once here and each rank keeps its pieces.
-        std::vector<float> full(size_t(model_->flat_size()));
-        model_->init_into(seed, full.data());
-        store_->load_parameters(full.data());
-        return;
-    }
-    model_->init(seed);
-}
-
-double Engine::reduction_alone_seconds() {
-    if (!sync_ || store_) return 0.0;
-    const auto t0 = Clock::now();
-    sync_->reset();
-    sync_->on_ready(0);
-    sync_->finish();
-    return seconds_since(t0);
-}
-
-void Engine::params_loaded() {
-    if (store_ && layout_.zero_stage == 3) store_->invalidate_params();
-    if (layout_.zero_stage < 3) model_->params();  // marks the weight copy stale
-}
+void Engine::init(uint64_t seed) { dp_->init(seed); }
 
 // ---- point to point ----
 
@@ -246,11 +164,11 @@ void Engine::forward_op(const PipeOp& op, const int32_t* rows, int64_t B, int64_
     if (j == 0) unpack(rows, op.micro, B, T);
     if (j > 0) recv(io_.f32(), n, (s - 1 + p) % p, activation_tag(op.chunk));
     const auto t0 = Clock::now();
-    const double tp0 = tp_ ? tp_->seconds() : 0.0;
+    const double tp0 = tp_->seconds();
     model_->forward(op.chunk, slot, tokens_.data(), j > 0 ? io_.f32() : nullptr, B, T);
     const double dt = seconds_since(t0);
     times_.compute += dt;
-    times_.forward += dt - (tp_ ? tp_->seconds() - tp0 : 0.0);
+    times_.forward += dt - (tp_->seconds() - tp0);
     times_.forward_op += dt;
     times_.forward_ops += 1;
     if (j < last) {
@@ -271,9 +189,9 @@ void Engine::backward_op(const PipeOp& op, const int32_t* rows, int64_t B, int64
         model_->set_grad_ready_hook([this](int64_t from) { on_grads_ready(from); });
     }
     if (j < last) recv(io_.f32(), n, (s + 1) % p, gradient_tag(op.chunk));
-    if (sync_) sync_->set_in_backward(true);
+    dp_->sync().set_in_backward(true);
     const auto t0 = Clock::now();
-    const double tp0 = tp_ ? tp_->seconds() : 0.0;
+    const double tp0 = tp_->seconds();
     if (j == last) {
         unpack(rows, op.micro, B, T);
         const model::LossResult r = model_->head_loss(op.chunk, slot, targets_.data(), &grad_scale);
@@ -283,10 +201,10 @@ void Engine::backward_op(const PipeOp& op, const int32_t* rows, int64_t B, int64
         }
     }
     model_->backward(op.chunk, slot, j < last ? io_.f32() : nullptr);
-    if (sync_) sync_->set_in_backward(false);
+    dp_->sync().set_in_backward(false);
     const double dt = seconds_since(t0);
     times_.compute += dt;
-    times_.backward += dt - (tp_ ? tp_->seconds() - tp0 : 0.0);
+    times_.backward += dt - (tp_->seconds() - tp0);
     times_.backward_op += dt;
     times_.backward_ops += 1;
     model_->set_grad_ready_hook(nullptr);
@@ -322,7 +240,7 @@ void Engine::run_schedule(const int32_t* rows, int64_t B, int64_t T, float grad_
 // ---- gradients ----
 
 void Engine::reduce_tp_partial(int unit, float* unit_grads) {
-    if (!tp_ || !layout_.sequence_parallel) return;
+    if (layout_.tp() == 1 || !layout_.sequence_parallel) return;
     // Norm weights and positions under sequence parallelism: each rank's
     // gradient covers its rows only.
     const int64_t begin = model_->units()[size_t(unit)].begin;
@@ -345,11 +263,10 @@ void Engine::on_grads_ready(int64_t final_from) {
             tp_fixed_[size_t(u)] = true;
         }
     }
-    if (!sync_) return;
     // A tied embedding (unit 0) is summed with the other end of the
     // pipeline first: its data-parallel reduction waits until then.
     if (has_tied_ && final_from < units[0].end) final_from = units[0].end;
-    sync_->on_ready(final_from);
+    dp_->sync().on_ready(final_from);
 }
 
 void Engine::finish_grads() {
@@ -364,28 +281,22 @@ void Engine::finish_grads() {
                          {"tied_grads", 0})
             ->wait();
         times_.pp_wait += seconds_since(t0);
-        if (sync_) sync_->on_ready(0);
+        dp_->sync().on_ready(0);
     }
-    if (sync_) {
-        APIARY_TRACE("dp wait", core::trace::Kind::wait);
-        sync_->finish();
-    }
+    APIARY_TRACE("dp wait", core::trace::Kind::wait);
+    dp_->sync().finish();
 }
 
 double Engine::global_grad_norm() {
-    const float* grads = layout_.zero_stage >= 2 ? store_->grad_shard() : model_->grads();
-    const double local = adam_->grad_norm(grads);
-    return std::sqrt(sum_over_world(local * local));
+    return std::sqrt(sum_over_world(dp_->local_grad_norm_squared()));
 }
 
 double Engine::sum_over_world(double v) {
-    if (!world_) return v;
     world_->all_reduce(&v, 1, DType::f64, comm::ReduceOp::sum, {"sum_f64", 0})->wait();
     return v;
 }
 
 int64_t Engine::sum_over_world(int64_t v) {
-    if (!world_) return v;
     world_->all_reduce(&v, 1, DType::i64, comm::ReduceOp::sum, {"sum_i64", 0})->wait();
     return v;
 }
@@ -398,11 +309,9 @@ StepResult Engine::train_step(const int32_t* rows, int64_t n_rows, int64_t T, do
     const int64_t B = n_rows / m;
     times_ = StepTimes{};
     pp_bytes_ = 0;
-    if (tp_) tp_->reset_counters();
-    if (sync_) sync_->reset();
+    tp_->reset_counters();
+    dp_->begin_step();
     std::fill(tp_fixed_.begin(), tp_fixed_.end(), false);
-    if (model_->storage() == model::Storage::full) model_->zero_grads();
-    if (store_) store_->zero_grads();
 
     // fp16: the loss (and so every gradient) is multiplied by the scale.
     // Each rank's gradients are of its mean loss; the data-parallel average
@@ -415,8 +324,8 @@ StepResult Engine::train_step(const int32_t* rows, int64_t n_rows, int64_t T, do
     const auto t_opt = Clock::now();
     // The step's scalars, the norm and the update (their collectives nest in it).
     APIARY_TRACE("optimizer", core::trace::Kind::optimizer);
-    times_.dp_exposed = sync_ ? sync_->exposed_seconds() : 0.0;
-    times_.tp_comm = tp_ ? tp_->seconds() : 0.0;
+    times_.dp_exposed = dp_->sync().exposed_seconds();
+    times_.tp_comm = tp_->seconds();
     times_.compute -= times_.tp_comm;
     if (times_.forward_ops) times_.forward_op /= times_.forward_ops;
     if (times_.backward_ops) times_.backward_op /= times_.backward_ops;
@@ -426,16 +335,12 @@ StepResult Engine::train_step(const int32_t* rows, int64_t n_rows, int64_t T, do
     StepResult r;
     r.loss_sum = sum_over_world(local.loss_sum);
     int64_t counts[2] = {local.count, stop ? 1 : 0};
-    if (world_) {
-        world_->all_reduce(counts, 2, DType::i64, comm::ReduceOp::sum, {"step_counts", 0})->wait();
-    }
+    world_->all_reduce(counts, 2, DType::i64, comm::ReduceOp::sum, {"step_counts", 0})->wait();
     r.count = counts[0];
     r.stop = counts[1] > 0;
     if (exchange_signals_) {
-        if (world_) {
-            world_->all_reduce(signals_, 3, DType::f64, comm::ReduceOp::max, {"rank_signals", 0})
-                ->wait();
-        }
+        world_->all_reduce(signals_, 3, DType::f64, comm::ReduceOp::max, {"rank_signals", 0})
+            ->wait();
         r.health = int(signals_[0]);
         r.busy_max_s = signals_[1];
         r.busy_min_s = -signals_[2];
@@ -444,23 +349,14 @@ StepResult Engine::train_step(const int32_t* rows, int64_t n_rows, int64_t T, do
     const double raw_norm = global_grad_norm();
     r.grad_norm = raw_norm / scale;
     const bool overflow = !std::isfinite(raw_norm);
-    r.applied = scaler_.update(overflow, adam_->step_count() + scaler_.skipped_steps() + 1);
+    r.applied =
+        scaler_.update(overflow, dp_->optimizer().step_count() + scaler_.skipped_steps() + 1);
     if (!r.applied) {
         times_.optimizer = seconds_since(t_opt);
         times_.total = seconds_since(t_start);
         return r;
     }
-    const int zero = layout_.zero_stage;
-    // bf16: the optimizer writes the bf16 weight copy as it goes when it
-    // updates every parameter (not under ZeRO: the gather below marks the
-    // copy stale, and it is cast again before the forward).
-    const bool whole = zero == 0 && adam_->updates_all_params();
-    uint16_t* copy = whole ? model_->bf16_weights() : nullptr;
-    const float* grads = zero >= 2 ? store_->grad_shard() : model_->grads();
-    adam_->step(optimizer_params(), grads, float(lr), float(1.0 / scale), raw_norm, copy);
-    if (copy) model_->bf16_weights_written();
-    if (zero == 1 || zero == 2) shards_->all_gather_in_place(model_->params());
-    if (zero == 3) store_->invalidate_params();
+    dp_->step(float(lr), float(1.0 / scale), raw_norm);
     times_.optimizer = seconds_since(t_opt);
     times_.total = seconds_since(t_start);
     return r;

@@ -11,11 +11,12 @@
 //   3. data parallelism with ZeRO 0-3 (parallel/zero.h) over the shard's
 //      flat buffers; the optimizer updates this rank's part
 //
-// One code path for every layout, a single rank included; but a part the
-// layout does not need is absent rather than of size 1 (world_ null for one
-// rank, tp_ without tensor parallelism, sync_ without data parallelism,
-// store_ below ZeRO stage 2), and the step checks for it. The step itself is
-// train_step(), which the trainer and every benchmark call.
+// One code path for every layout, a single rank included: every part is
+// always present, of size 1 where the layout does not split that way (the
+// world of one rank is a comm::SelfGroup, tensor-parallel collectives over
+// one rank do nothing, data parallelism over one rank a LocalSync), so the
+// step never asks whether a part exists. The step itself is train_step(),
+// which the trainer and every benchmark call.
 
 #include <chrono>
 #include <cstdint>
@@ -31,6 +32,7 @@
 #include "model/model.h"
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
+#include "parallel/data_parallel.h"
 #include "parallel/layout.h"
 #include "parallel/schedule.h"
 #include "parallel/tp_comm.h"
@@ -125,48 +127,49 @@ class Engine {
     const model::Transformer& model() const { return *model_; }
     const ParallelLayout& layout() const { return layout_; }
     const comm::MeshCoord& coord() const { return coord_; }
-    optim::AdamW& optimizer() { return *adam_; }
+    optim::AdamW& optimizer() { return dp_->optimizer(); }
     optim::LossScaler& loss_scaler() { return scaler_; }
     const optim::LossScaler& loss_scaler() const { return scaler_; }
     int zero_stage() const { return layout_.zero_stage; }
-    // This rank's master parameters and optimizer state, in the layout the
-    // optimizer sees (the shard's flat buffer, or its packed ZeRO pieces).
-    float* optimizer_params();
-    // After optimizer_params() (and the model's parameters) were written
-    // directly: drops whatever was gathered from the old values.
-    void params_loaded();
-    // Process groups, for callers that reduce their own values.
-    comm::ProcessGroup* world() { return world_; }
-    comm::ProcessGroup* dp_group();
+    // Where this rank's parameters, gradients and optimizer state live, and
+    // which checkpoint slices it holds.
+    DataParallel& data_parallel() { return *dp_; }
+    const DataParallel& data_parallel() const { return *dp_; }
+    // After the state was written directly (data_parallel().state_at):
+    // drops whatever was gathered or cast from the old values.
+    void params_loaded() { dp_->state_loaded(); }
+    // Process groups, for callers that reduce their own values (of one rank
+    // in a one-rank run).
+    comm::ProcessGroup& world() { return *world_; }
+    comm::ProcessGroup& dp_group() { return mesh_->dp(); }
     // Sum over every rank of the world (one all-reduce each).
     double sum_over_world(double v);
     int64_t sum_over_world(int64_t v);
     // The rank that speaks for the run (logs, metrics): world rank 0.
-    bool main_rank() const { return !world_ || world_->rank() == 0; }
-    int world_size() const { return world_ ? world_->size() : 1; }
-    int world_rank() const { return world_ ? world_->rank() : 0; }
+    bool main_rank() const { return world_->rank() == 0; }
+    int world_size() const { return world_->size(); }
+    int world_rank() const { return world_->rank(); }
     // Bytes this rank sent or received per step, by kind (last step).
-    double tp_bytes() const { return tp_ ? tp_->bytes() : 0.0; }
+    double tp_bytes() const { return tp_->bytes(); }
     double pp_bytes() const { return pp_bytes_; }
     double exposed_comm_seconds() const {
         return times_.dp_exposed + times_.tp_comm + times_.pp_wait;
     }
-    int num_buckets() const { return sync_ ? sync_->num_buckets() : 0; }
+    int num_buckets() const { return dp_->sync().num_buckets(); }
     // The last step's data-parallel reductions, and those started inside
     // the model's backward (overlapping it; GradSync counts them).
-    int dp_reductions() const { return sync_ ? sync_->reductions() : 0; }
-    int dp_reductions_in_backward() const { return sync_ ? sync_->reductions_in_backward() : 0; }
+    int dp_reductions() const { return dp_->sync().reductions(); }
+    int dp_reductions_in_backward() const { return dp_->sync().reductions_in_backward(); }
     // Seconds the data-parallel gradient reduction of a step takes with
     // nothing to overlap (stages 0-1; 0 otherwise): all of it started at
     // once and waited for. Collective; for benchmarks.
-    double reduction_alone_seconds();
+    double reduction_alone_seconds() { return dp_->reduction_alone_seconds(); }
 
   private:
     struct Pending {
         comm::WorkHandle work;
         core::Tensor buf;
     };
-    void build_optimizer(const EngineOptions& o);
     void run_schedule(const int32_t* rows, int64_t B, int64_t T, float grad_scale, bool poison,
                       model::LossResult& local);
     void forward_op(const PipeOp& op, const int32_t* rows, int64_t B, int64_t T);
@@ -185,18 +188,14 @@ class Engine {
 
     core::ModelSpec spec_;
     ParallelLayout layout_;
-    comm::ProcessGroup* world_;
+    std::shared_ptr<comm::ProcessGroup> self_;  // the world of a one-rank run
+    comm::ProcessGroup* world_;                 // never null
     std::unique_ptr<comm::DeviceMesh> mesh_;
     comm::MeshCoord coord_;
     std::shared_ptr<comm::ProcessGroup> tied_group_;  // first and last stage (tied embeddings)
     std::unique_ptr<TpComm> tp_;
     std::unique_ptr<model::Transformer> model_;
-    std::unique_ptr<DpShards> shards_;
-    std::unique_ptr<GradSync> owned_sync_;
-    ShardedStore* store_ = nullptr;  // owned by owned_sync_ at stages 2-3
-    GradSync* sync_ = nullptr;       // null without data parallelism
-    std::vector<optim::ParamRange> ranges_;
-    std::unique_ptr<optim::AdamW> adam_;
+    std::unique_ptr<DataParallel> dp_;
     optim::LossScaler scaler_;
     // The pipeline.
     std::vector<PipeOp> ops_;

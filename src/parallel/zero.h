@@ -1,6 +1,6 @@
 #pragma once
 // Data parallelism over one model shard's flat buffers, in small parts that
-// the engine (parallel/engine.h) composes by ZeRO stage:
+// DataParallel (parallel/data_parallel.h) composes by ZeRO stage:
 //
 //   stage 0  AllReduceSync: gradients all-reduced in buckets (comm.bucket_mb)
 //            started as soon as backward has finished them, overlapping the
@@ -113,6 +113,17 @@ class GradSync {
   private:
     int started_ = 0, started_in_backward_ = 0;
     bool in_backward_ = false;
+};
+
+// One data-parallel rank: its gradients are already the mean, nothing to
+// reduce.
+class LocalSync : public GradSync {
+  public:
+    void on_ready(int64_t) override {}
+    void finish() override {}
+    double exposed_seconds() const override { return 0.0; }
+    void reset() override { reset_counts(); }
+    int num_buckets() const override { return 0; }
 };
 
 // Stage 0: bucketed all-reduce, optionally bf16 on the wire.

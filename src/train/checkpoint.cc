@@ -65,33 +65,8 @@ void apply_retention(const std::string& run_dir, int64_t step, int64_t keep) {
     }
 }
 
-// The ranges of the shard's flat buffer this rank saves: its data-parallel
-// piece of every unit (ZeRO's pieces, or the same split of replicas), so
-// that the data-parallel ranks write disjoint parts in parallel.
-std::vector<std::pair<int64_t, int64_t>> saved_ranges(const parallel::Engine& e) {
-    const int dp = e.layout().dp(), r = e.coord().dp;
-    std::vector<std::pair<int64_t, int64_t>> out;
-    for (const auto& u : e.model().units()) {
-        const int64_t count = u.size() / dp;
-        out.emplace_back(u.begin + count * r, u.begin + count * (r + 1));
-    }
-    return out;
-}
-
-// Where element `flat` of the shard's flat buffer lives in this rank's
-// packed ZeRO state (the pieces of saved_ranges, back to back).
-int64_t packed_offset(const std::vector<std::pair<int64_t, int64_t>>& ranges, int64_t flat) {
-    int64_t packed = 0;
-    for (const auto& [b, e] : ranges) {
-        if (flat >= b && flat < e) return packed + (flat - b);
-        packed += e - b;
-    }
-    APIARY_CHECK(false, "flat offset {} is not in this rank's pieces", flat);
-    return -1;
-}
-
-void barrier(comm::ProcessGroup* world, const char* what) {
-    if (world) world->barrier({what, 0})->wait();
+void barrier(comm::ProcessGroup& world, const char* what) {
+    world.barrier({what, 0})->wait();
 }
 
 json layout_json(const parallel::ParallelLayout& l) {
@@ -188,25 +163,19 @@ int64_t optimizer_steps_of(const CheckpointRef& ck) {
 // This rank's chunks: its piece of every tensor of its shard; tensors every
 // tensor-parallel rank holds whole are saved by the first, a tied
 // embedding's second copy not at all. They point into the live buffers.
-std::vector<ckpt::Chunk> rank_chunks(parallel::Engine& engine) {
+std::vector<ckpt::Chunk> rank_chunks(const parallel::Engine& engine) {
     const model::Transformer& m = engine.model();
-    const auto ranges = saved_ranges(engine);
-    const int zero = engine.zero_stage();
+    const parallel::DataParallel& dp = engine.data_parallel();
     const bool tp_first = engine.coord().tp == 0;
     std::vector<ckpt::Chunk> chunks;
-    const float* params = zero == 3 ? engine.optimizer_params() : m.params();
-    for (const auto& [b, e_end] : ranges) {
+    for (const auto& r : dp.saved_ranges()) {
         for (const auto& e : m.registry().entries()) {
-            const int64_t lo = std::max(e.offset, b), hi = std::min(e.offset + e.numel(), e_end);
+            const int64_t lo = std::max(e.offset, r.begin), hi = std::min(e.offset + e.numel(), r.end);
             if (lo >= hi || e.tied_copy || (!e.split() && !tp_first)) continue;
-            const int64_t at = zero >= 1 ? packed_offset(ranges, lo) : lo;
-            const core::Placement place = e.placement();
-            chunks.push_back(
-                {e.name, "param", place, lo - e.offset, hi - lo, params + (zero == 3 ? at : lo)});
-            chunks.push_back(
-                {e.name, "adam_m", place, lo - e.offset, hi - lo, engine.optimizer().m() + at});
-            chunks.push_back(
-                {e.name, "adam_v", place, lo - e.offset, hi - lo, engine.optimizer().v() + at});
+            for (parallel::StateKind k : parallel::kStateKinds) {
+                chunks.push_back({e.name, parallel::state_name(k), e.placement(), lo - e.offset,
+                                  hi - lo, dp.state_at(k, lo)});
+            }
         }
     }
     return chunks;
@@ -246,7 +215,7 @@ CheckpointSaver::~CheckpointSaver() {
 void CheckpointSaver::save(int64_t step, const json& meta) {
     poll(true);  // at most one save in flight
     const auto t0 = Clock::now();
-    comm::ProcessGroup* world = engine_.world();
+    comm::ProcessGroup& world = engine_.world();
     const fs::path root = fs::path(run_dir_) / "ckpt";
     auto p = std::make_unique<Pending>();
     p->step = step;
@@ -317,11 +286,9 @@ bool CheckpointSaver::poll(bool wait) {
     if (wait && pending_->writer.joinable()) pending_->writer.join();
     // Every rank's write must be done: agreed by all ranks at the same call.
     int64_t done = pending_->done.load() ? 1 : 0;
-    if (comm::ProcessGroup* world = engine_.world()) {
-        world->all_reduce(&done, 1, core::DType::i64, comm::ReduceOp::sum, {"ckpt_done", 0})
-            ->wait();
-        done = done == world->size() ? 1 : 0;
-    }
+    comm::ProcessGroup& world = engine_.world();
+    world.all_reduce(&done, 1, core::DType::i64, comm::ReduceOp::sum, {"ckpt_done", 0})->wait();
+    done = done == world.size() ? 1 : 0;
     if (!done) return false;
     if (pending_->writer.joinable()) pending_->writer.join();
     commit();
@@ -329,10 +296,9 @@ bool CheckpointSaver::poll(bool wait) {
 }
 
 void CheckpointSaver::commit() {
-    comm::ProcessGroup* world = engine_.world();
+    comm::ProcessGroup& world = engine_.world();
     std::unique_ptr<Pending> p = std::move(pending_);
-    const std::vector<std::string> parts =
-        world ? comm::all_gather_strings(*world, p->part) : std::vector<std::string>{p->part};
+    const std::vector<std::string> parts = comm::all_gather_strings(world, p->part);
     SaveStats st;
     st.step = p->step;
     st.dir = p->dir;
@@ -386,12 +352,9 @@ void CheckpointSaver::commit() {
         }
     }
     // The first rank's verdict (a manifest write may fail there only).
-    if (world) {
-        int64_t failed = st.error.empty() ? 0 : 1;
-        world->all_reduce(&failed, 1, core::DType::i64, comm::ReduceOp::max, {"ckpt_ok", 0})
-            ->wait();
-        if (failed && st.error.empty()) st.error = "failed on another rank (see its log)";
-    }
+    int64_t failed = st.error.empty() ? 0 : 1;
+    world.all_reduce(&failed, 1, core::DType::i64, comm::ReduceOp::max, {"ckpt_ok", 0})->wait();
+    if (failed && st.error.empty()) st.error = "failed on another rank (see its log)";
     st.total_s = core::seconds_since(p->started);
     // A synchronous save holds training up until it is committed.
     if (!options_.async) st.stall_s = st.total_s;
@@ -412,52 +375,40 @@ std::string save_checkpoint(parallel::Engine& engine, const std::string& run_dir
 
 void load_checkpoint(parallel::Engine& engine, const CheckpointRef& ck) {
     const ckpt::CheckpointReader reader(ck.dir);
-    model::Transformer& m = engine.model();
-    const int zero = engine.zero_stage();
-    const auto ranges = saved_ranges(engine);
-    std::vector<std::pair<int64_t, int64_t>> all = {{0, m.flat_size()}};
-    float* params = zero == 3 ? engine.optimizer_params() : m.params();
-    const char* names[3] = {"param", "adam_m", "adam_v"};
-    float* dst[3] = {params, engine.optimizer().m(), engine.optimizer().v()};
-    // Below stage 3 the parameters are whole on every rank; the optimizer
-    // state is whole below stage 1. Read in the order rank_chunks wrote
+    const model::Transformer& m = engine.model();
+    parallel::DataParallel& dp = engine.data_parallel();
+    const auto& ranges = dp.saved_ranges();
+    // Reads [lo, hi) of tensor e's state `k` (hi <= the end of a range
+    // this rank holds k for).
+    auto read = [&](parallel::StateKind k, const model::ParamInfo& e, int64_t lo, int64_t hi) {
+        if (lo >= hi) return;
+        reader.read(parallel::state_name(k), e.name, e.placement(), lo - e.offset, hi - lo,
+                    dp.state_at(k, lo));
+    };
+    // First this rank's saved ranges, in the order rank_chunks wrote them
     // (each tensor's parameter, m, v, then the next tensor) so that a
     // resume on the same layout reads its file front to back.
-    auto read = [&](int k, const std::vector<std::pair<int64_t, int64_t>>& rs,
-                    const model::ParamInfo& e) {
-        const bool sharded = k == 0 ? zero == 3 : zero >= 1;
-        for (const auto& [b, e_end] : rs) {
-            const int64_t lo = std::max(e.offset, b), hi = std::min(e.offset + e.numel(), e_end);
-            if (lo >= hi) continue;
-            const int64_t at = sharded ? packed_offset(ranges, lo) : lo;
-            reader.read(names[k], e.name, e.placement(), lo - e.offset, hi - lo, dst[k] + at);
-        }
-    };
-    for (const auto& [b, e_end] : ranges) {
+    for (const auto& r : ranges) {
         for (const auto& e : m.registry().entries()) {
-            if (std::min(e.offset + e.numel(), e_end) <= std::max(e.offset, b)) continue;
-            const std::vector<std::pair<int64_t, int64_t>> mine = {
-                {std::max(e.offset, b), std::min(e.offset + e.numel(), e_end)}};
-            for (int k = 0; k < 3; ++k) read(k, mine, e);
+            const int64_t lo = std::max(e.offset, r.begin), hi = std::min(e.offset + e.numel(), r.end);
+            for (parallel::StateKind k : parallel::kStateKinds) read(k, e, lo, hi);
         }
     }
-    // What this rank holds beyond its saved ranges: whole parameters below
-    // ZeRO-3, whole optimizer state below ZeRO-1.
-    for (int k = 0; k < 3; ++k) {
-        const bool sharded = k == 0 ? zero == 3 : zero >= 1;
-        if (sharded) continue;
+    // Then what this rank holds beyond them (whole parameters below ZeRO-3,
+    // whole optimizer state below ZeRO-1), range by range: the ranges
+    // ascend, so the gaps are between the end of one and the next's start.
+    for (parallel::StateKind k : parallel::kStateKinds) {
+        if (!dp.holds_whole(k)) continue;
         for (const auto& e : m.registry().entries()) {
-            std::vector<std::pair<int64_t, int64_t>> rest;
             int64_t from = e.offset;
-            for (const auto& [b, e_end] : ranges) {
-                const int64_t lo = std::max(e.offset, b),
-                              hi = std::min(e.offset + e.numel(), e_end);
+            const int64_t end = e.offset + e.numel();
+            for (const auto& r : ranges) {
+                const int64_t lo = std::max(e.offset, r.begin), hi = std::min(end, r.end);
                 if (lo >= hi) continue;
-                if (from < lo) rest.push_back({from, lo});
+                if (from < lo) read(k, e, from, lo);
                 from = hi;
             }
-            if (from < e.offset + e.numel()) rest.push_back({from, e.offset + e.numel()});
-            read(k, rest, e);
+            read(k, e, from, end);
         }
     }
     engine.params_loaded();

@@ -595,7 +595,7 @@ std::optional<double> Trainer::evaluate() {
     APIARY_TRACE("eval", core::trace::Kind::eval);
     model::LossResult local;
     val_data_->restore(val_start_);
-    StopVote vote(engine_.world());
+    StopVote vote(&engine_.world());
     for (int64_t i = 0; i < o_.eval_batches; ++i) {
         if (vote.stop_agreed()) return std::nullopt;
         const data::Batch& b = val_data_->next_batch();

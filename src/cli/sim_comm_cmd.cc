@@ -141,9 +141,15 @@ std::vector<Row> run_placement(const sim::Fabric& fabric, const plan::Cluster& c
     return r;
 }
 
+// An all-to-all has no algorithm to choose: every rank sends to every
+// other at once.
+std::string algo_label(sim::Op op, plan::Algo algo) {
+    return op == sim::Op::all_to_all ? "direct" : plan::algo_name(algo);
+}
+
 std::string job_label(const JobArg& j) {
     return fmt::format("{} {} on {} ({})", sim::op_name(j.op), sim::byte_size(j.bytes), j.ranks,
-                       plan::algo_name(j.algo));
+                       algo_label(j.op, j.algo));
 }
 
 void print_rows(const plan::Cluster& c, const sim::Fabric& fabric, const std::vector<JobArg>& jobs,
@@ -151,12 +157,12 @@ void print_rows(const plan::Cluster& c, const sim::Fabric& fabric, const std::ve
     fmt::print("fabric: {} x {} ({} per node), {} (NIC {:.4g} GB/s, intra-node {:.4g} GB/s)\n", c.n,
                c.dev.name, c.ranks_per_node(), c.topo.name, fabric.nic_bw() / 1e9,
                fabric.intra_bw() / 1e9);
-    fmt::print("\n{:<10} {:<28} {:<13} {:>6} {:>12} {:>12} {:>9} {:>12} {:>9}\n", "placement",
+    fmt::print("\n{:<10} {:<31} {:<13} {:>6} {:>12} {:>12} {:>9} {:>12} {:>9}\n", "placement",
                "job", "algorithm", "nodes", "alone", "shared", "slowdown", "alpha-beta", "vs a-b");
     for (const auto& r : rows) {
         for (size_t i = 0; i < r.size(); ++i) {
-            fmt::print("{:<10} {:<28} {:<13} {:>6} {:>12} {:>12} {:>8.2f}x {:>12} {:>8.3f}x\n",
-                       r[i].placement, jobs[i].text, plan::algo_name(r[i].algo), r[i].nodes,
+            fmt::print("{:<10} {:<31} {:<13} {:>6} {:>12} {:>12} {:>8.2f}x {:>12} {:>8.3f}x\n",
+                       r[i].placement, jobs[i].text, algo_label(jobs[i].op, r[i].algo), r[i].nodes,
                        fmt_s(r[i].alone), fmt_s(r[i].shared), r[i].shared / r[i].alone,
                        fmt_s(r[i].planner), r[i].shared / r[i].planner);
         }
@@ -178,7 +184,7 @@ nlohmann::json rows_json(const plan::Cluster& c, const std::vector<JobArg>& jobs
         for (size_t i = 0; i < r.size(); ++i) {
             out["results"].push_back({{"placement", r[i].placement},
                                       {"job", jobs[i].text},
-                                      {"algo", plan::algo_name(r[i].algo)},
+                                      {"algo", algo_label(jobs[i].op, r[i].algo)},
                                       {"nodes", r[i].nodes},
                                       {"alone_s", r[i].alone},
                                       {"shared_s", r[i].shared},

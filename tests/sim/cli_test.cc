@@ -174,6 +174,9 @@ TEST(SimCli, CommReportsEveryPlacement) {
     ASSERT_EQ(j["results"].size(), 8u);  // 4 placements x 2 jobs
     // Packed on an idle part of the fabric, the ring is the planner's.
     EXPECT_EQ(j["results"][0]["placement"], "packed");
+    EXPECT_EQ(j["results"][0]["algo"], "ring");
+    // An all-to-all has no algorithm: every rank sends to every other.
+    EXPECT_EQ(j["results"][1]["algo"], "direct");
     EXPECT_NEAR(
         j["results"][0]["alone_s"].get<double>() / j["results"][0]["alpha_beta_s"].get<double>(),
         1.0, 1e-9);

@@ -18,7 +18,7 @@ namespace apiary::sim {
 
 // Same-time events run in this order: devices come back before anything
 // asks for them, and arrivals come last so one pass sees them all.
-enum class EventKind { release, end, repair, fail, spot, arrive, eligible };
+enum class EventKind { release, end, repair, fail, spot, capacity, arrive, eligible };
 
 struct Event {
     double t;
@@ -76,6 +76,7 @@ class EventLoop {
     void fail_node(int node);
     void repair_node(int node);
     void spot_step();
+    void capacity_step(int i);  // cfg_.capacity[i] takes effect
     void kill_on_node(int node, bool failure);
     void record_series();
     double next_failure(int node);
@@ -95,6 +96,10 @@ class EventLoop {
     double hold_until(int j) const;  // carbon-aware start
     void settle(const std::string& account, double delta_devices);
     double usage_per_share(const std::string& account);
+    const std::string& share_key(int j) const;            // whose usage a job adds to
+    double priority_of(int j, double usage_total) const;  // multifactor
+    bool within_limits(int j) const;  // its user's and account's running jobs and nodes
+    void count_running(int j, int sign);
     void compact_queues();
 
     const std::vector<SimJob>& jobs_;
@@ -118,9 +123,19 @@ class EventLoop {
     // policy does not use them).
     using Queues = std::map<int, std::map<std::string, std::deque<QueueEntry>>, std::greater<int>>;
     Queues queues_[2];
-    std::vector<int> requeue_;  // interrupted during a pass, queued after it
+    std::vector<int> requeue_;               // interrupted during a pass, queued after it
+    std::vector<int> dep_;                   // the job each job waits for (-1: none)
+    std::vector<std::vector<int>> waiters_;  // jobs held until this one ends
     std::map<std::string, Account> accounts_;
     int tombstones_ = 0;
+    long long drain_ = 0;
+    std::map<std::string, double> share_of_;
+    struct Use {
+        long long jobs = 0, nodes = 0;
+    };
+    std::map<std::string, Use> user_use_,
+        account_use_;  // only with limits  // multifactor: normalised shares by key  // on-demand
+                       // nodes still to leave as their jobs end
     SeriesPoint last_point_;
 };
 

@@ -22,7 +22,8 @@ void EventLoop::enqueue(int j) {
     ++r.token;
     ++queued_;
     const JobSpec& s = jobs_[j].spec;
-    const int cls = policy_.order == Order::submit ? 0 : s.priority;
+    const bool classes = policy_.order == Order::priority || policy_.order == Order::fairshare;
+    const int cls = classes ? s.priority : 0;
     const std::string& acct = policy_.order == Order::fairshare ? s.account : kNoAccount;
     auto& q = queues_[r.pool][cls][acct];
     // Submit order, the trace's order breaking ties (Slurm's priority/basic
@@ -113,7 +114,8 @@ void EventLoop::reserve(int j, double* shadow, long long* extra) {
     // The earliest time enough devices are back, by the running jobs' estimates.
     const int pool = run_[j].pool;
     const long long need = jobs_[j].spec.devices;
-    long long avail = pools_[pool].free();
+    // Nodes still to drain will not come back to the queue.
+    long long avail = pools_[pool].free() - (pool == 0 ? drain_ * cfg_.per_node : 0);
     for (const auto& [t, k] : running_[pool]) {
         avail += (long long)run_[k].slots.size();
         if (avail >= need) {
@@ -160,8 +162,90 @@ void EventLoop::try_start(int j) {
     start(j, std::move(slots));
 }
 
+const std::string& EventLoop::share_key(int j) const {
+    const JobSpec& s = jobs_[j].spec;
+    return policy_.order == Order::multifactor && !s.user.empty() ? s.user : s.account;
+}
+
+void EventLoop::count_running(int j, int sign) {
+    if (cfg_.limits.empty()) return;
+    const JobSpec& s = jobs_[j].spec;
+    const long long nodes = (s.devices + cfg_.per_node - 1) / cfg_.per_node;
+    for (auto* u : {&user_use_[s.user], &account_use_[s.account]}) {
+        u->jobs += sign;
+        u->nodes += sign * nodes;
+    }
+}
+
+bool EventLoop::within_limits(int j) const {
+    if (cfg_.limits.empty()) return true;
+    const JobSpec& s = jobs_[j].spec;
+    const long long nodes = (s.devices + cfg_.per_node - 1) / cfg_.per_node;
+    auto ok = [&](const std::map<std::string, Limit>& lim, const std::map<std::string, Use>& use,
+                  const std::string& name) {
+        auto l = lim.find(name);
+        if (l == lim.end()) l = lim.find("*");
+        if (l == lim.end()) return true;
+        const auto u = use.find(name);
+        const Use now = u == use.end() ? Use{} : u->second;
+        if (l->second.max_jobs >= 0 && now.jobs + 1 > l->second.max_jobs) return false;
+        return l->second.max_nodes < 0 || now.nodes + nodes <= l->second.max_nodes;
+    };
+    return ok(cfg_.limits.user, user_use_, s.user) &&
+           ok(cfg_.limits.account, account_use_, s.account);
+}
+
+double EventLoop::priority_of(int j, double usage_total) const {
+    // Slurm's priority/multifactor (slurm.conf PriorityWeight*, the
+    // "Multifactor Priority Plugin" page): each factor in [0, 1].
+    const JobSpec& s = jobs_[j].spec;
+    const double age = now_ - res_.jobs[j].eligible;
+    const double age_f =
+        cfg_.priority_max_age_s > 0 ? std::min(1.0, age / cfg_.priority_max_age_s) : 1.0;
+    // Job size: the share of the cluster it asks for (PriorityFavorSmall=NO).
+    const double size_f = std::min(1.0, double(s.devices) / double(std::max(1LL, cfg_.devices())));
+    // Classic fair share: 2^(-effective usage / normalised shares).
+    double fs_f = 1;
+    if (usage_total > 0) {
+        const std::string& k = share_key(j);
+        const auto a = accounts_.find(k);
+        const double u = a == accounts_.end() ? 0 : a->second.usage / usage_total;
+        const auto sh = share_of_.find(k);
+        fs_f = std::exp2(-u / (sh == share_of_.end() ? 1.0 : sh->second));
+    }
+    return cfg_.weight_age * age_f + cfg_.weight_size * size_f + cfg_.weight_fairshare * fs_f;
+}
+
 template <class Visit>
 void EventLoop::for_each_queued(int pool, Visit visit) {
+    if (policy_.order == Order::multifactor) {
+        // One queue, ordered by the priorities of this moment.
+        double usage_total = 0;
+        for (auto& [name, a] : accounts_) {
+            settle(name, 0);
+            usage_total += a.usage;
+        }
+        std::vector<std::pair<double, int>> order;
+        for (auto& [cls, accounts] : queues_[pool]) {
+            for (auto& [name, q] : accounts) {
+                for (const QueueEntry& e : q) {
+                    const Run& r = run_[e.job];
+                    if (r.state != RunState::queued || r.token != e.token) continue;
+                    order.emplace_back(priority_of(e.job, usage_total), e.job);
+                }
+            }
+        }
+        std::sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
+            if (a.first != b.first) return a.first > b.first;
+            const double sa = jobs_[a.second].spec.submit, sb = jobs_[b.second].spec.submit;
+            return sa < sb || (sa == sb && a.second < b.second);
+        });
+        for (const auto& [_, j] : order) {
+            if (run_[j].state != RunState::queued) continue;
+            if (!visit(j)) return;
+        }
+        return;
+    }
     std::vector<std::pair<double, const std::string*>> order;
     for (auto& [cls, accounts] : queues_[pool]) {
         order.clear();
@@ -201,6 +285,9 @@ bool EventLoop::pass() {
             if (++seen > cfg_.queue_depth) return false;
             const long long need = jobs_[j].spec.devices;
             const long long free = pools_[pool].free();
+            // Held by its user's or account's limit: it waits, the others pass
+            // it (Slurm's AssocMaxJobsLimit / AssocGrpNodeLimit reasons).
+            if (!within_limits(j)) return true;
             if (blocked) {
                 // EASY: it may go now if it is back before the reservation,
                 // or fits in what the reserved job leaves spare.

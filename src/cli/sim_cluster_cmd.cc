@@ -165,6 +165,7 @@ sim::SimConfig sim_config(const Options& o, const plan::Cluster& pc, const sim::
     c.fairshare_half_life_s = !o.half_life_given && slurm.decay_half_life_s >= 0
                                   ? slurm.decay_half_life_s
                                   : o.half_life_days * 86400;
+    if (slurm.calc_period_s >= 0) c.priority_calc_period_s = slurm.calc_period_s;
     if (slurm.weight_age >= 0) c.weight_age = slurm.weight_age;
     if (slurm.weight_size >= 0) c.weight_size = slurm.weight_size;
     if (slurm.weight_fairshare >= 0) c.weight_fairshare = slurm.weight_fairshare;

@@ -88,6 +88,9 @@ struct SimConfig {
     // PriorityWeightFairshare, and PriorityMaxAge (the age factor is 1 from there).
     double weight_age = 1000, weight_size = 1000, weight_fairshare = 1000;
     double priority_max_age_s = 7 * 86400;
+    // PriorityCalcPeriod: queued jobs' priorities are recomputed this often;
+    // a job queued in between is ranked by its priority when queued.
+    double priority_calc_period_s = 300;
     std::map<std::string, double> shares;  // account -> share (default 1)
     uint64_t seed = 1;                     // failure times
     bool record = true;                    // keep run segments and the series (pictures)

@@ -84,14 +84,21 @@ EventLoop::EventLoop(const std::vector<SimJob>& jobs, const SimConfig& cfg, cons
     if (!cfg.spot_nodes.empty()) push(0, EventKind::spot, 0);
     if (policy.order == Order::multifactor) {
         // Shares normalised over every user (or account) in the trace.
-        double total = 0;
+        std::map<std::string, int> idx;
+        share_idx_.resize(jobs.size());
         for (size_t j = 0; j < jobs.size(); ++j) {
-            const std::string& k = share_key(int(j));
-            if (share_of_.count(k)) continue;
-            const auto it = cfg.shares.find(k);
-            total += share_of_[k] = it == cfg.shares.end() ? 1.0 : it->second;
+            const auto [it, added] = idx.emplace(share_key(int(j)), int(idx.size()));
+            if (added) share_names_.push_back(it->first);
+            share_idx_[j] = it->second;
         }
-        for (auto& [k, v] : share_of_) v /= total;
+        double total = 0;
+        for (const auto& k : share_names_) {
+            const auto it = cfg.shares.find(k);
+            share_norm_.push_back(it == cfg.shares.end() ? 1.0 : it->second);
+            total += share_norm_.back();
+        }
+        for (double& v : share_norm_) v /= total;
+        fs_factor_.assign(share_names_.size(), 1.0);
     }
     for (size_t i = 0; i < cfg.capacity.size(); ++i) {
         push(cfg.capacity[i].t, EventKind::capacity, int(i));

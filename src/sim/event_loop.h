@@ -96,9 +96,9 @@ class EventLoop {
     double hold_until(int j) const;  // carbon-aware start
     void settle(const std::string& account, double delta_devices);
     double usage_per_share(const std::string& account);
-    const std::string& share_key(int j) const;            // whose usage a job adds to
-    double priority_of(int j, double usage_total) const;  // multifactor
-    bool within_limits(int j) const;  // its user's and account's running jobs and nodes
+    const std::string& share_key(int j) const;  // whose usage a job adds to
+    double priority_of(int j) const;            // multifactor, with fs_factor_ of now
+    bool within_limits(int j) const;            // its user's and account's running jobs and nodes
     void count_running(int j, int sign);
     void compact_queues();
 
@@ -128,14 +128,27 @@ class EventLoop {
     std::vector<std::vector<int>> waiters_;  // jobs held until this one ends
     std::map<std::string, Account> accounts_;
     int tombstones_ = 0;
-    long long drain_ = 0;
-    std::map<std::string, double> share_of_;
+    long long drain_ = 0;  // on-demand nodes still to leave as their jobs end
     struct Use {
         long long jobs = 0, nodes = 0;
     };
-    std::map<std::string, Use> user_use_,
-        account_use_;  // only with limits  // multifactor: normalised shares by key  // on-demand
-                       // nodes still to leave as their jobs end
+    std::map<std::string, Use> user_use_, account_use_;  // only with limits
+    // Multifactor: each job's fair-share key (an index into share_names_),
+    // the keys' normalised shares, and per pool the queue in priority order
+    // as last computed (at mf_t_) plus the jobs queued since.
+    struct Ranked {
+        double prio;
+        int job, token;
+    };
+    std::vector<int> share_idx_;
+    std::vector<std::string> share_names_;
+    std::vector<double> share_norm_, fs_factor_;
+    std::vector<Ranked> mf_order_[2];
+    std::vector<QueueEntry> mf_new_[2];
+    double mf_t_[2] = {-kNever, -kNever};
+    void rank_all(int pool);   // recompute every queued job's priority
+    void rank_new(int pool);   // place the jobs queued since
+    void fairshare_factors();  // fs_factor_ of every key, now
     SeriesPoint last_point_;
 };
 

@@ -25,6 +25,10 @@ void EventLoop::enqueue(int j) {
     const bool classes = policy_.order == Order::priority || policy_.order == Order::fairshare;
     const int cls = classes ? s.priority : 0;
     const std::string& acct = policy_.order == Order::fairshare ? s.account : kNoAccount;
+    if (policy_.order == Order::multifactor) {  // ranked at the next pass
+        mf_new_[r.pool].push_back(QueueEntry{j, r.token});
+        return;
+    }
     auto& q = queues_[r.pool][cls][acct];
     // Submit order, the trace's order breaking ties (Slurm's priority/basic
     // orders by submission too, and a requeued job keeps its place).
@@ -195,7 +199,20 @@ bool EventLoop::within_limits(int j) const {
            ok(cfg_.limits.account, account_use_, s.account);
 }
 
-double EventLoop::priority_of(int j, double usage_total) const {
+void EventLoop::fairshare_factors() {
+    // Classic fair share: 2^(-normalised usage / normalised shares).
+    double total = 0;
+    for (const auto& k : share_names_) {
+        settle(k, 0);
+        total += accounts_[k].usage;
+    }
+    for (size_t i = 0; i < share_names_.size(); ++i) {
+        const double u = total > 0 ? accounts_[share_names_[i]].usage / total : 0;
+        fs_factor_[i] = std::exp2(-u / share_norm_[i]);
+    }
+}
+
+double EventLoop::priority_of(int j) const {
     // Slurm's priority/multifactor (slurm.conf PriorityWeight*, the
     // "Multifactor Priority Plugin" page): each factor in [0, 1].
     const JobSpec& s = jobs_[j].spec;
@@ -204,45 +221,65 @@ double EventLoop::priority_of(int j, double usage_total) const {
         cfg_.priority_max_age_s > 0 ? std::min(1.0, age / cfg_.priority_max_age_s) : 1.0;
     // Job size: the share of the cluster it asks for (PriorityFavorSmall=NO).
     const double size_f = std::min(1.0, double(s.devices) / double(std::max(1LL, cfg_.devices())));
-    // Classic fair share: 2^(-effective usage / normalised shares).
-    double fs_f = 1;
-    if (usage_total > 0) {
-        const std::string& k = share_key(j);
-        const auto a = accounts_.find(k);
-        const double u = a == accounts_.end() ? 0 : a->second.usage / usage_total;
-        const auto sh = share_of_.find(k);
-        fs_f = std::exp2(-u / (sh == share_of_.end() ? 1.0 : sh->second));
+    return cfg_.weight_age * age_f + cfg_.weight_size * size_f +
+           cfg_.weight_fairshare * fs_factor_[size_t(share_idx_[j])];
+}
+
+namespace {
+// Highest priority first, then submission, then the trace's order.
+template <class Jobs>
+auto ranked_before(const Jobs& jobs) {
+    return [&jobs](const auto& a, const auto& b) {
+        if (a.prio != b.prio) return a.prio > b.prio;
+        const double sa = jobs[a.job].spec.submit, sb = jobs[b.job].spec.submit;
+        return sa < sb || (sa == sb && a.job < b.job);
+    };
+}
+}  // namespace
+
+void EventLoop::rank_all(int pool) {
+    fairshare_factors();
+    std::vector<Ranked> next;
+    auto keep = [&](int j, int token) {
+        if (run_[j].state == RunState::queued && run_[j].token == token) {
+            next.push_back(Ranked{priority_of(j), j, token});
+        }
+    };
+    for (const Ranked& r : mf_order_[pool]) keep(r.job, r.token);
+    for (const QueueEntry& e : mf_new_[pool]) keep(e.job, e.token);
+    std::sort(next.begin(), next.end(), ranked_before(jobs_));
+    mf_order_[pool] = std::move(next);
+    mf_new_[pool].clear();
+    mf_t_[pool] = now_;
+}
+
+void EventLoop::rank_new(int pool) {
+    // A job queued between recalculations gets its priority when it is
+    // queued, as Slurm gives a new job its priority at submission.
+    if (mf_new_[pool].empty()) return;
+    fairshare_factors();
+    auto& v = mf_order_[pool];
+    const auto before = ranked_before(jobs_);
+    for (const QueueEntry& e : mf_new_[pool]) {
+        if (run_[e.job].state != RunState::queued || run_[e.job].token != e.token) continue;
+        const Ranked r{priority_of(e.job), e.job, e.token};
+        v.insert(std::upper_bound(v.begin(), v.end(), r, before), r);
     }
-    return cfg_.weight_age * age_f + cfg_.weight_size * size_f + cfg_.weight_fairshare * fs_f;
+    mf_new_[pool].clear();
 }
 
 template <class Visit>
 void EventLoop::for_each_queued(int pool, Visit visit) {
     if (policy_.order == Order::multifactor) {
-        // One queue, ordered by the priorities of this moment.
-        double usage_total = 0;
-        for (auto& [name, a] : accounts_) {
-            settle(name, 0);
-            usage_total += a.usage;
+        // Priorities as of the last recalculation (PriorityCalcPeriod).
+        if (now_ - mf_t_[pool] >= cfg_.priority_calc_period_s) {
+            rank_all(pool);
+        } else {
+            rank_new(pool);
         }
-        std::vector<std::pair<double, int>> order;
-        for (auto& [cls, accounts] : queues_[pool]) {
-            for (auto& [name, q] : accounts) {
-                for (const QueueEntry& e : q) {
-                    const Run& r = run_[e.job];
-                    if (r.state != RunState::queued || r.token != e.token) continue;
-                    order.emplace_back(priority_of(e.job, usage_total), e.job);
-                }
-            }
-        }
-        std::sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
-            if (a.first != b.first) return a.first > b.first;
-            const double sa = jobs_[a.second].spec.submit, sb = jobs_[b.second].spec.submit;
-            return sa < sb || (sa == sb && a.second < b.second);
-        });
-        for (const auto& [_, j] : order) {
-            if (run_[j].state != RunState::queued) continue;
-            if (!visit(j)) return;
+        for (const Ranked& r : mf_order_[pool]) {
+            if (run_[r.job].state != RunState::queued || run_[r.job].token != r.token) continue;
+            if (!visit(r.job)) return;
         }
         return;
     }

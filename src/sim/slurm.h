@@ -29,6 +29,7 @@ struct SlurmConf {
     double weight_age = -1, weight_size = -1, weight_fairshare = -1;  // PriorityWeight*
     double priority_max_age_s = -1;                                   // PriorityMaxAge
     double decay_half_life_s = -1;                                    // PriorityDecayHalfLife
+    double calc_period_s = -1;                                        // PriorityCalcPeriod
     std::vector<std::string> notes;
 };
 // need_nodes: a file without NodeName lines is an error (the cluster's size

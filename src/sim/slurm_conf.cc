@@ -91,6 +91,10 @@ SlurmConf parse_slurm_conf(const std::string& text, const std::string& source, b
             c.priority_max_age_s =
                 parse_slurm_duration(m["prioritymaxage"], where + ": PriorityMaxAge");
         }
+        if (m.count("prioritycalcperiod")) {
+            c.calc_period_s =
+                parse_slurm_duration(m["prioritycalcperiod"], where + ": PriorityCalcPeriod");
+        }
         if (m.count("prioritydecayhalflife")) {
             c.decay_half_life_s =
                 parse_slurm_duration(m["prioritydecayhalflife"], where + ": PriorityDecayHalfLife");

@@ -39,8 +39,10 @@ TEST(SimPriority, JobSizeAndAgeAgainstFifo) {
     // Multifactor at t = 100, age and size weights 1000, max age 1 day:
     //   b: 1000 * 90/86400 + 1000 * 1/4 = 251.04
     //   c: 1000 * 80/86400 + 1000 * 4/4 = 1000.93  -> c first.
+    // Priorities recomputed at every pass (PriorityCalcPeriod 0).
     cfg.weight_age = 1000, cfg.weight_size = 1000, cfg.weight_fairshare = 0;
     cfg.priority_max_age_s = 86400;
+    cfg.priority_calc_period_s = 0;
     r = simulate(jobs, cfg, parse_policy("multifactor-fifo"));
     EXPECT_DOUBLE_EQ(r.jobs[2].start, 100);
     EXPECT_DOUBLE_EQ(r.jobs[1].start, 200);
@@ -59,6 +61,14 @@ TEST(SimPriority, JobSizeAndAgeAgainstFifo) {
     cfg.priority_max_age_s = 86400;
     r = simulate(jobs, cfg, parse_policy("multifactor-fifo"));
     EXPECT_DOUBLE_EQ(r.jobs[2].start, 100);
+    // Max age 100 s again, but with Slurm's PriorityCalcPeriod of 5 min: the
+    // last recalculation was at 0, so at 100 b and c keep the priorities
+    // they got when queued, at ages 0: b 2.5, c 10 -> c first.
+    cfg.priority_max_age_s = 100;
+    cfg.priority_calc_period_s = 300;
+    r = simulate(jobs, cfg, parse_policy("multifactor-fifo"));
+    EXPECT_DOUBLE_EQ(r.jobs[2].start, 100);
+    EXPECT_DOUBLE_EQ(r.jobs[1].start, 200);
 }
 
 TEST(SimPriority, FairShareAgainstFifo) {
@@ -73,6 +83,7 @@ TEST(SimPriority, FairShareAgainstFifo) {
     // Fair share only: at 100 all decayed usage is x's (U = 1), shares
     // 1/2 each: F(x) = 2^(-1/0.5) = 0.25, F(y) = 2^0 = 1 -> c first.
     cfg.weight_age = 0, cfg.weight_size = 0, cfg.weight_fairshare = 1000;
+    cfg.priority_calc_period_s = 0;
     r = simulate(jobs, cfg, parse_policy("multifactor-fifo"));
     EXPECT_DOUBLE_EQ(r.jobs[2].start, 100);
     EXPECT_DOUBLE_EQ(r.jobs[1].start, 200);
@@ -95,7 +106,7 @@ TEST(SimPriority, SlurmConfPriorityKeys) {
     const SlurmConf c = parse_slurm_conf(
         "PriorityType=priority/multifactor\n"
         "PriorityWeightAge=1000\nPriorityWeightJobSize=200\nPriorityWeightFairshare=5000\n"
-        "PriorityMaxAge=14-0\nPriorityDecayHalfLife=2-12\n",
+        "PriorityMaxAge=14-0\nPriorityDecayHalfLife=2-12\nPriorityCalcPeriod=2\n",
         "s.conf", false);
     EXPECT_EQ(c.priority_type, "priority/multifactor");
     EXPECT_DOUBLE_EQ(c.weight_age, 1000);
@@ -103,6 +114,7 @@ TEST(SimPriority, SlurmConfPriorityKeys) {
     EXPECT_DOUBLE_EQ(c.weight_fairshare, 5000);
     EXPECT_DOUBLE_EQ(c.priority_max_age_s, 14 * 86400);
     EXPECT_DOUBLE_EQ(c.decay_half_life_s, 2.5 * 86400);
+    EXPECT_DOUBLE_EQ(c.calc_period_s, 120);  // minutes, as Slurm reads it
     EXPECT_NE(error_of([] {
                   parse_slurm_conf("PriorityWeightAge=lots\n", "s.conf", false);
               }).find("s.conf:1: PriorityWeightAge=lots is not a whole number"),

@@ -45,6 +45,8 @@ struct Options {
     bool half_life_given = false;
     double warmup_fraction = 0;
     std::string limits;
+    int bf_max_job_test = 1;
+    double bf_window_min = -1;
 };
 
 // --priority-weights age=1000,size=500,fairshare=2000 onto the config.
@@ -177,6 +179,12 @@ sim::SimConfig sim_config(const Options& o, const plan::Cluster& pc, const sim::
     }
     c.shares = parse_shares(o.shares);
     if (!o.limits.empty()) c.limits = sim::read_limits(o.limits);
+    c.bf_max_job_test = o.bf_max_job_test;
+    if (o.bf_window_min > 0) {
+        c.bf_window_s = o.bf_window_min * 60;
+    } else if (slurm.bf_window_s > 0) {
+        c.bf_window_s = slurm.bf_window_s;
+    }
     c.seed = o.seed;
     c.record = !o.svg.empty() || !o.series_out.empty();
     if (o.horizon_days > 0) c.horizon_s = o.horizon_days * 86400;
@@ -464,6 +472,15 @@ void add_sim_cluster(CLI::App* sim) {
                     "multifactor: the age factor reaches 1 at this age (default 7, or "
                     "slurm.conf's PriorityMaxAge)")
         ->check(CLI::Range(0.0, 1e6));
+    cmd->add_option("--bf-max-job-test", o.bf_max_job_test,
+                    "backfill: jobs that get a reservation when they cannot start (1: EASY, the "
+                    "default; more: Slurm's sched/backfill, which reserves for every job it "
+                    "tests)")
+        ->check(CLI::Range(1, 100000000));
+    cmd->add_option("--bf-window", o.bf_window_min,
+                    "backfill: reservations only this many minutes ahead (default 1440, or "
+                    "slurm.conf's bf_window)")
+        ->check(CLI::Range(1e-6, 1e9));
     cmd->add_option("--limits", o.limits,
                     "CSV kind,name,max_running_jobs,max_nodes: per-user / per-account limits "
                     "(kind user or account, name * for everyone else)");

@@ -80,9 +80,14 @@ struct SimConfig {
     // `latency_s` after a run ends (Slurm's controller ticks and job epilogs:
     // about 1 s).
     double latency_s = 0;
-    double mtbf_node_s = 0;                    // 0: nodes never fail
-    double repair_s = 4 * 3600;                // a failed node is back after this
-    int queue_depth = 1000;                    // queued jobs looked at per scheduling pass
+    double mtbf_node_s = 0;      // 0: nodes never fail
+    double repair_s = 4 * 3600;  // a failed node is back after this
+    int queue_depth = 1000;      // queued jobs looked at per scheduling pass
+    // Backfill: how many jobs that cannot start get a reservation (1: EASY;
+    // more: Slurm's sched/backfill, every job it tests; +preempt stays EASY),
+    // and how far ahead (bf_window).
+    int bf_max_job_test = 1;
+    double bf_window_s = 86400;
     double fairshare_half_life_s = 7 * 86400;  // 0: usage never decays (PriorityDecayHalfLife)
     // Multifactor priority: PriorityWeightAge, PriorityWeightJobSize,
     // PriorityWeightFairshare, and PriorityMaxAge (the age factor is 1 from there).

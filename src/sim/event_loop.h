@@ -86,7 +86,8 @@ class EventLoop {
     // scheduler.cc
     void enqueue(int j);
     void schedule();
-    bool pass();  // true when it preempted (another pass may start more)
+    bool pass();                       // true when it preempted (another pass may start more)
+    void pass_conservative(int pool);  // backfill with several reservations
     template <class Visit>
     void for_each_queued(int pool, Visit visit);  // in policy order until visit returns false
     void try_start(int j);

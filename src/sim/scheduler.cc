@@ -311,9 +311,90 @@ void EventLoop::for_each_queued(int pool, Visit visit) {
     }
 }
 
+namespace {
+
+// Free devices over time as the scheduler plans it: steps (t, free from t
+// until the next step), the last one for ever.
+struct FreeProfile {
+    std::vector<std::pair<double, long long>> steps;
+
+    // The earliest start >= steps[0].t at which `need` devices are free for `dur`.
+    double earliest(long long need, double dur) const {
+        size_t i = 0;
+        while (i < steps.size()) {
+            if (steps[i].second < need) {
+                ++i;
+                continue;
+            }
+            const double start = steps[i].first;
+            size_t k = i + 1;
+            while (k < steps.size() && steps[k].first < start + dur && steps[k].second >= need) ++k;
+            if (k == steps.size() || steps[k].first >= start + dur) return start;
+            i = k + 1;  // steps[k] is too low: no start before its end fits
+        }
+        return kNever;
+    }
+    size_t split(double t) {  // index of the step starting at t (made if needed)
+        auto it = std::lower_bound(steps.begin(), steps.end(), t,
+                                   [](const auto& s, double x) { return s.first < x; });
+        if (it != steps.end() && it->first == t) return size_t(it - steps.begin());
+        const long long f = std::prev(it)->second;
+        const auto at = steps.insert(it, {t, f});  // before begin(): insert may reallocate
+        return size_t(at - steps.begin());
+    }
+    void take(long long need, double from, double to) {
+        const size_t a = split(from);
+        const size_t b = std::isfinite(to) ? split(to) : steps.size();
+        for (size_t i = a; i < b; ++i) steps[i].second -= need;
+    }
+};
+
+}  // namespace
+
+void EventLoop::pass_conservative(int pool) {
+    // Slurm's sched/backfill: the first bf_max_job_test jobs in order that
+    // cannot start now get reservations (within bf_window); any job may start
+    // now if it delays none of them (Mu'alem & Feitelson 2001, "conservative
+    // backfilling" when the depth covers the queue).
+    FreeProfile p;
+    p.steps.emplace_back(now_, pools_[pool].free() - (pool == 0 ? drain_ * cfg_.per_node : 0));
+    for (const auto& [t, k] : running_[pool]) {
+        const long long n = (long long)run_[k].slots.size();
+        if (t <= now_) {
+            p.steps.back().second += n;
+        } else if (p.steps.back().first == t) {
+            p.steps.back().second += n;
+        } else {
+            p.steps.emplace_back(t, p.steps.back().second + n);
+        }
+    }
+    int seen = 0, reserved = 0;
+    for_each_queued(pool, [&](int j) {
+        if (++seen > cfg_.queue_depth) return false;
+        if (!within_limits(j)) return true;
+        const long long need = jobs_[j].spec.devices;
+        const double dur = planned_run(j) + cfg_.latency_s;
+        const double at = p.earliest(need, dur);
+        if (at <= now_ && pools_[pool].free() >= need) {
+            try_start(j);
+            p.take(need, now_, now_ + dur);
+        } else if (reserved < cfg_.bf_max_job_test && at - now_ <= cfg_.bf_window_s &&
+                   std::isfinite(at)) {
+            p.take(need, at, at + dur);
+            ++reserved;
+            if (res_.jobs[j].reservation < 0) res_.jobs[j].reservation = at;
+        }
+        return pools_[pool].free() > 0 || reserved < cfg_.bf_max_job_test;
+    });
+}
+
 bool EventLoop::pass() {
     bool preempted = false;
     for (int pool = 0; pool < 2; ++pool) {
+        if (policy_.backfill && !policy_.preempt && cfg_.bf_max_job_test > 1) {
+            pass_conservative(pool);
+            continue;
+        }
         bool blocked = false;
         double shadow = kNever;
         long long extra = 0;

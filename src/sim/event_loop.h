@@ -147,6 +147,7 @@ class EventLoop {
     std::vector<Ranked> mf_order_[2];
     std::vector<QueueEntry> mf_new_[2];
     double mf_t_[2] = {-kNever, -kNever};
+    void rank(int pool);       // rank_all every PriorityCalcPeriod, else rank_new
     void rank_all(int pool);   // recompute every queued job's priority
     void rank_new(int pool);   // place the jobs queued since
     void fairshare_factors();  // fs_factor_ of every key, now

@@ -268,15 +268,19 @@ void EventLoop::rank_new(int pool) {
     mf_new_[pool].clear();
 }
 
+void EventLoop::rank(int pool) {
+    // Priorities as of the last recalculation (PriorityCalcPeriod).
+    if (now_ - mf_t_[pool] >= cfg_.priority_calc_period_s) {
+        rank_all(pool);
+    } else {
+        rank_new(pool);
+    }
+}
+
 template <class Visit>
 void EventLoop::for_each_queued(int pool, Visit visit) {
     if (policy_.order == Order::multifactor) {
-        // Priorities as of the last recalculation (PriorityCalcPeriod).
-        if (now_ - mf_t_[pool] >= cfg_.priority_calc_period_s) {
-            rank_all(pool);
-        } else {
-            rank_new(pool);
-        }
+        rank(pool);
         for (const Ranked& r : mf_order_[pool]) {
             if (run_[r.job].state != RunState::queued || run_[r.job].token != r.token) continue;
             if (!visit(r.job)) return;
@@ -334,6 +338,14 @@ struct FreeProfile {
         }
         return kNever;
     }
+    // Whether `need` devices are free from the first step for `dur`.
+    bool fits_first(long long need, double dur) const {
+        const double end = steps[0].first + dur;
+        for (size_t k = 0; k < steps.size() && steps[k].first < end; ++k) {
+            if (steps[k].second < need) return false;
+        }
+        return true;
+    }
     size_t split(double t) {  // index of the step starting at t (made if needed)
         auto it = std::lower_bound(steps.begin(), steps.end(), t,
                                    [](const auto& s, double x) { return s.first < x; });
@@ -356,26 +368,60 @@ void EventLoop::pass_conservative(int pool) {
     // cannot start now get reservations (within bf_window); any job may start
     // now if it delays none of them (Mu'alem & Feitelson 2001, "conservative
     // backfilling" when the depth covers the queue).
-    FreeProfile p;
-    p.steps.emplace_back(now_, pools_[pool].free() - (pool == 0 ? drain_ * cfg_.per_node : 0));
-    for (const auto& [t, k] : running_[pool]) {
-        const long long n = (long long)run_[k].slots.size();
-        if (t <= now_) {
-            p.steps.back().second += n;
-        } else if (p.steps.back().first == t) {
-            p.steps.back().second += n;
-        } else {
-            p.steps.emplace_back(t, p.steps.back().second + n);
-        }
+    if (pools_[pool].free() <= 0) {                           // nothing can start: nothing to plan
+        if (policy_.order == Order::multifactor) rank(pool);  // new jobs ranked when queued
+        return;
     }
+    FreeProfile p;  // made when a job that might start now needs it
+    auto make_profile = [&] {
+        if (!p.steps.empty()) return;
+        p.steps.emplace_back(now_, pools_[pool].free() - (pool == 0 ? drain_ * cfg_.per_node : 0));
+        for (const auto& [t, k] : running_[pool]) {
+            const long long n = (long long)run_[k].slots.size();
+            if (t <= now_ || p.steps.back().first == t) {
+                p.steps.back().second += n;
+            } else {
+                p.steps.emplace_back(t, p.steps.back().second + n);
+            }
+        }
+    };
+    // Reservations are planned only when a job that might start now needs
+    // them: most passes start nothing, and then none is computed.
     int seen = 0, reserved = 0;
+    std::vector<int> unplanned;  // jobs owed a reservation, in order
+    auto plan = [&] {
+        make_profile();
+        for (int k : unplanned) {
+            const long long n = jobs_[k].spec.devices;
+            const double d = planned_run(k) + cfg_.latency_s;
+            const double at = p.earliest(n, d);
+            if (!std::isfinite(at) || at - now_ > cfg_.bf_window_s) continue;
+            p.take(n, at, at + d);
+            if (res_.jobs[k].reservation < 0) res_.jobs[k].reservation = at;
+        }
+        unplanned.clear();
+    };
     for_each_queued(pool, [&](int j) {
         if (++seen > cfg_.queue_depth) return false;
         if (!within_limits(j)) return true;
         const long long need = jobs_[j].spec.devices;
+        if (need > pools_[pool].free()) {  // cannot start now: it may reserve
+            if (reserved < cfg_.bf_max_job_test) {
+                unplanned.push_back(j);
+                ++reserved;
+            }
+            return pools_[pool].free() > 0;
+        }
+        plan();
         const double dur = planned_run(j) + cfg_.latency_s;
+        if (p.fits_first(need, dur)) {
+            try_start(j);
+            p.take(need, now_, now_ + dur);
+            return true;
+        }
+        if (reserved >= cfg_.bf_max_job_test) return pools_[pool].free() > 0;
         const double at = p.earliest(need, dur);
-        if (at <= now_ && pools_[pool].free() >= need) {
+        if (at <= now_) {
             try_start(j);
             p.take(need, now_, now_ + dur);
         } else if (reserved < cfg_.bf_max_job_test && at - now_ <= cfg_.bf_window_s &&
@@ -384,7 +430,7 @@ void EventLoop::pass_conservative(int pool) {
             ++reserved;
             if (res_.jobs[j].reservation < 0) res_.jobs[j].reservation = at;
         }
-        return pools_[pool].free() > 0 || reserved < cfg_.bf_max_job_test;
+        return pools_[pool].free() > 0;
     });
 }
 

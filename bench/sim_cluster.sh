@@ -8,7 +8,7 @@
 #  3. replays of the public SWF logs in $TRACES (default ../shared/traces):
 #     on ALCF Theta 2023, the second half's mean and p90 wait, simulated over
 #     recorded, and the job-by-job Spearman correlation of waits (the first
-#     half warms the queue up) for FIFO, EASY and multifactor, then settings
+#     half warms the queue up) for FIFO, EASY, multifactor and WFP, then settings
 #     (policy, reservation depth, capacity) chosen on the first half alone
 #     and carried to the second;
 #  4. time per policy (fifo, backfill, multifactor, backfill with 50
@@ -73,8 +73,9 @@ print("|---|---|---|---|---|")
 row("fifo", base)
 row("backfill (EASY)", run(full, "backfill"))
 row("multifactor (age, size, fair share 1000 each; EASY)", run(full, "multifactor"))
+row("wfp (Cobalt's utility; EASY)", run(full, "wfp"))
 grid = []
-for policy in ("backfill", "multifactor"):
+for policy in ("backfill", "multifactor", "wfp"):
     for depth in (1, 10, 50, 200):
         for cap in ((), ("--capacity", "implied")):
             extra = ("--bf-max-job-test", str(depth), *cap)

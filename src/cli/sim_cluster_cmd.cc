@@ -433,7 +433,7 @@ void add_sim_cluster(CLI::App* sim) {
                     "gpus");
     cmd->add_option("--policies", o.policies,
                     "comma-separated: fifo, backfill, priority, twolevel, multifactor, "
-                    "multifactor-fifo, each with optional +preempt, +carbon (default "
+                    "multifactor-fifo, wfp, each with optional +preempt, +carbon (default "
                     "fifo,backfill,twolevel; Slurm's with --slurm-conf)");
     cmd->add_option("--spot-profile", o.spot_profile,
                     "CSV hour,spot_nodes[,spot_price]: spot capacity and USD per device-hour");

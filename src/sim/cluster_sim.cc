@@ -25,10 +25,12 @@ Policy parse_policy(const std::string& name) {
         p.order = Order::multifactor, p.backfill = true;
     } else if (base == "multifactor-fifo") {
         p.order = Order::multifactor;
+    } else if (base == "wfp") {
+        p.order = Order::multifactor, p.backfill = true, p.wfp = true;
     } else {
         throw ConfigError(fmt::format(
             "--policies: unknown policy '{}' (known: fifo, backfill, priority, twolevel, "
-            "multifactor, multifactor-fifo; each may add +preempt and +carbon, e.g. "
+            "multifactor, multifactor-fifo, wfp; each may add +preempt and +carbon, e.g. "
             "twolevel+preempt)",
             base));
     }

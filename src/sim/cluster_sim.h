@@ -58,9 +58,13 @@ struct Policy {
     // Flexible jobs are held until the start time in [submit, deadline - run]
     // that minimises their CO2 under the carbon profile.
     bool carbon = false;
+    // With Order::multifactor: rank by Cobalt's WFP utility instead, (time
+    // queued / requested time)^3 x nodes (ALCF's scheduler on Theta).
+    bool wfp = false;
 };
 // fifo, backfill, priority, twolevel, multifactor (with backfill, as Slurm's
-// sched/backfill) and multifactor-fifo (without); each may take +preempt and +carbon,
+// sched/backfill), multifactor-fifo (without) and wfp (Cobalt's utility,
+// with backfill); each may take +preempt and +carbon,
 // e.g. "twolevel+preempt". Throws ConfigError listing the known names.
 Policy parse_policy(const std::string& name);
 

@@ -98,6 +98,7 @@ EventLoop::EventLoop(const std::vector<SimJob>& jobs, const SimConfig& cfg, cons
             total += share_norm_.back();
         }
         for (double& v : share_norm_) v /= total;
+        for (const auto& k : share_names_) share_acct_.push_back(&accounts_[k]);
         fs_factor_.assign(share_names_.size(), 1.0);
     }
     for (size_t i = 0; i < cfg.capacity.size(); ++i) {

@@ -96,6 +96,7 @@ class EventLoop {
     bool preempt_for(int j);
     double hold_until(int j) const;  // carbon-aware start
     void settle(const std::string& account, double delta_devices);
+    void settle(Account& a, double delta_devices);
     double usage_per_share(const std::string& account);
     const std::string& share_key(int j) const;  // whose usage a job adds to
     double priority_of(int j) const;            // multifactor, with fs_factor_ of now
@@ -143,6 +144,7 @@ class EventLoop {
     };
     std::vector<int> share_idx_;
     std::vector<std::string> share_names_;
+    std::vector<Account*> share_acct_;  // into accounts_ (a map: stable addresses)
     std::vector<double> share_norm_, fs_factor_;
     std::vector<Ranked> mf_order_[2];
     std::vector<QueueEntry> mf_new_[2];

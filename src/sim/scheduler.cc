@@ -45,7 +45,10 @@ void EventLoop::enqueue(int j) {
 }
 
 void EventLoop::settle(const std::string& account, double delta_devices) {
-    Account& a = accounts_[account];
+    settle(accounts_[account], delta_devices);
+}
+
+void EventLoop::settle(Account& a, double delta_devices) {
     const double dt = now_ - a.t;
     if (cfg_.fairshare_half_life_s > 0) {
         // Usage decays with the half-life while running devices add to it:
@@ -201,13 +204,14 @@ bool EventLoop::within_limits(int j) const {
 
 void EventLoop::fairshare_factors() {
     // Classic fair share: 2^(-normalised usage / normalised shares).
+    if (cfg_.weight_fairshare == 0 || policy_.wfp) return;  // not used
     double total = 0;
-    for (const auto& k : share_names_) {
-        settle(k, 0);
-        total += accounts_[k].usage;
+    for (Account* a : share_acct_) {
+        settle(*a, 0);
+        total += a->usage;
     }
-    for (size_t i = 0; i < share_names_.size(); ++i) {
-        const double u = total > 0 ? accounts_[share_names_[i]].usage / total : 0;
+    for (size_t i = 0; i < share_acct_.size(); ++i) {
+        const double u = total > 0 ? share_acct_[i]->usage / total : 0;
         fs_factor_[i] = std::exp2(-u / share_norm_[i]);
     }
 }
@@ -217,6 +221,11 @@ double EventLoop::priority_of(int j) const {
     // "Multifactor Priority Plugin" page): each factor in [0, 1].
     const JobSpec& s = jobs_[j].spec;
     const double age = now_ - res_.jobs[j].eligible;
+    if (policy_.wfp) {
+        // Cobalt's WFP: (queued / requested walltime)^3 x nodes.
+        const double x = age / std::max(1.0, planned_run(j));
+        return x * x * x * double((s.devices + cfg_.per_node - 1) / cfg_.per_node);
+    }
     const double age_f =
         cfg_.priority_max_age_s > 0 ? std::min(1.0, age / cfg_.priority_max_age_s) : 1.0;
     // Job size: the share of the cluster it asks for (PriorityFavorSmall=NO).

@@ -15,7 +15,9 @@
 namespace apiary::sim {
 
 std::string cell_message(const Cell& c, const std::string& problem) {
-    return fmt::format("{}: field '{}': '{}' {}", c.where, c.field, c.text, problem);
+    // Bytes outside printable ASCII are shown escaped, never raw.
+    return fmt::format("{}: field '{}': '{}' {}", c.where, printable(c.field, 80),
+                       printable(c.text, 80), problem);
 }
 
 bool parse_double(const std::string& s, double* out) {

@@ -225,3 +225,27 @@ TEST(SimBackfill, ReservationDepthProtectsTheSecondJob) {
 
 }  // namespace
 }  // namespace apiary::sim
+
+namespace apiary::sim {
+namespace {
+
+TEST(SimPriority, CobaltWfpAgainstBackfill) {
+    // 4 nodes; a holds them 0..100. b (4 nodes, limit 1000 s) arrives at 10,
+    // c (1 node, limit 10 s) at 50. EASY in submission order: b at 100 (to
+    // 1100), c after it at 1100. WFP at 100 (recalculated every pass):
+    //   b: (90 / 1000)^3 x 4 = 0.0029,  c: (50 / 10)^3 x 1 = 125  -> c first,
+    // then b, which cannot fit beside it, at 110.
+    const std::vector<SimJob> jobs = {test::job("a", 0, 4, 100), test::job("b", 10, 4, 1000, 1000),
+                                      test::job("c", 50, 1, 10, 10)};
+    SimConfig cfg = test::cluster(4, 1);
+    SimResult r = simulate(jobs, cfg, parse_policy("backfill"));
+    EXPECT_DOUBLE_EQ(r.jobs[1].start, 100);
+    EXPECT_DOUBLE_EQ(r.jobs[2].start, 1100);
+    cfg.priority_calc_period_s = 0;
+    r = simulate(jobs, cfg, parse_policy("wfp"));
+    EXPECT_DOUBLE_EQ(r.jobs[2].start, 100);
+    EXPECT_DOUBLE_EQ(r.jobs[1].start, 110);
+}
+
+}  // namespace
+}  // namespace apiary::sim

@@ -11,7 +11,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
+#include "sim/report.h"
 #include "sim/text.h"
 #include "sim/trace.h"
 #include "sim_test_util.h"
@@ -203,6 +205,24 @@ TEST(SimSwf, BadInputNamesFileLineAndField) {
         EXPECT_NE(e.find(c.expect), std::string::npos) << "got: " << e << "\nwant: " << c.expect;
     }
     EXPECT_NE(error_of([&] { swf(ok, 0); }).find("--procs-per-node: 0"), std::string::npos);
+}
+
+TEST(SimSwf, JobsCsvQuotesIdsAndCsvErrorsEscapeGarbage) {
+    // An id with a comma and a quote stays one cell in --jobs-out.
+    std::vector<SimJob> jobs = {test::job("a,\"b\"", 0, 1, 10)};
+    jobs[0].spec.recorded_start = 5;
+    const SimResult r = simulate(jobs, test::cluster(1, 1), parse_policy("fifo"));
+    std::ostringstream out;
+    write_jobs_csv(jobs, {r}, out);
+    const std::string csv = out.str();
+    const std::string row = csv.substr(csv.find('\n') + 1);
+    EXPECT_EQ(row.substr(0, 15), "\"a,\"\"b\"\"\",fifo,") << row;
+    EXPECT_NE(row.find(",5,\"\"\n"), std::string::npos) << row;  // recorded_wait_s 5, no reason
+    const std::string e = error_of([] {
+        parse_trace("id,submit,devices,runtime\nx,\x01\xfe,1,10\n", "g.csv", TraceFormat::csv);
+    });
+    EXPECT_NE(e.find("g.csv:2: field 'submit': '\\x01\\xfe' is not a number"), std::string::npos)
+        << e;
 }
 
 TEST(SimSwf, PrecedingJobAndThinkTimeHoldTheFollower) {

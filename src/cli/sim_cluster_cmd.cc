@@ -242,7 +242,7 @@ void set_capacity(const Options& o, Outcome& r) {
         return;
     }
     sim::CapacityInput in;
-    for (const auto& f : o.capacity) sim::read_capacity_csv(f, in);
+    for (const auto& f : o.capacity) sim::read_capacity_csv(f, in, r.trace.origin_epoch);
     r.c.capacity = sim::capacity_timeline(in, r.c.nodes);
 }
 
@@ -442,8 +442,9 @@ void add_sim_cluster(CLI::App* sim) {
                     "cluster.carbon_profile or cluster.gco2_per_kwh");
     cmd->add_option("--capacity", o.capacity,
                     "nodes available over time: CSV time,available_nodes, time,event,nodes "
-                    "(drain/down/resume of named nodes) or start,end,nodes (reservations), "
-                    "repeatable; or 'implied': the capacity the log's recorded starts imply");
+                    "(drain/down/resume of named nodes), start,end,nodes (reservations) or "
+                    "sacctmgr show event --parsable2 output, repeatable; or 'implied': the "
+                    "capacity the log's recorded starts imply");
     cmd->add_option("--implied-gap-hours", o.implied_gap_h,
                     "--capacity implied: a queued job that fits but nothing starts for this long "
                     "is an outage (default 2)")

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "sim/slurm.h"
 #include "sim/text.h"
 
 namespace apiary::sim {
@@ -66,7 +67,66 @@ std::vector<std::string> expand_hostlist(const std::string& list, const Cell& c)
 
 }  // namespace
 
-void parse_capacity_csv(const std::string& text, const std::string& source, CapacityInput& in) {
+namespace {
+
+void parse_sacctmgr_events(const std::vector<std::string>& lines, size_t first,
+                           const std::string& source, CapacityInput& in, double origin) {
+    const auto header = split(trim(lines[first]), '|');
+    auto col = [&](const char* name) -> size_t {
+        for (size_t i = 0; i < header.size(); ++i) {
+            if (header[i] == name) return i;
+        }
+        throw DataError(
+            fmt::format("{}:{}: sacctmgr events without a '{}' field (give "
+                        "format=NodeName,TimeStart,TimeEnd,State)",
+                        source, first + 1, name));
+    };
+    const size_t cn = col("NodeName"), cs = col("TimeStart"), ce = col("TimeEnd"),
+                 cst = col("State");
+    auto missing = [](const std::string& v) {
+        return v.empty() || v == "Unknown" || v == "None" || v == "N/A";
+    };
+    for (size_t i = first + 1; i < lines.size(); ++i) {
+        const std::string line = trim(lines[i]);
+        if (line.empty()) continue;
+        const std::string where = fmt::format("{}:{}", source, i + 1);
+        auto cells = split(line, '|');
+        if (cells.size() == header.size() + 1 && cells.back().empty()) cells.pop_back();
+        if (cells.size() != header.size()) {
+            throw DataError(fmt::format("{}: {} fields but the header has {}", where, cells.size(),
+                                        header.size()));
+        }
+        if (trim(cells[cn]).empty()) continue;  // a cluster event, no nodes
+        const auto nodes = expand_hostlist(trim(cells[cn]), Cell{cells[cn], where, "NodeName"});
+        const double t0 = std::max(
+            0.0, parse_slurm_time(trim(cells[cs]), where + ": field 'TimeStart'") - origin);
+        const bool down = cells[cst].find("DOWN") != std::string::npos;
+        in.events.push_back({t0, down ? 1 : 0, nodes, where});
+        if (!missing(trim(cells[ce]))) {
+            const double t1 =
+                parse_slurm_time(trim(cells[ce]), where + ": field 'TimeEnd'") - origin;
+            if (t1 < t0) {
+                throw DataError(fmt::format("{}: field 'TimeEnd' {} is before TimeStart {}", where,
+                                            printable(cells[ce]), printable(cells[cs])));
+            }
+            in.events.push_back({std::max(0.0, t1), 2, nodes, where});
+        }
+    }
+}
+
+}  // namespace
+
+void parse_capacity_csv(const std::string& text, const std::string& source, CapacityInput& in,
+                        double origin_epoch) {
+    const auto all = split_lines(text);
+    for (size_t i = 0; i < all.size(); ++i) {
+        if (is_blank_or_comment(all[i])) continue;
+        if (all[i].find('|') != std::string::npos && all[i].find("NodeName") != std::string::npos) {
+            parse_sacctmgr_events(all, i, source, in, origin_epoch);
+            return;
+        }
+        break;
+    }
     std::vector<std::string> header;
     int line_no = 0;
     int kind = -1;  // 0 levels, 1 events, 2 reservations
@@ -132,11 +192,17 @@ void parse_capacity_csv(const std::string& text, const std::string& source, Capa
     if (header.empty()) throw DataError(fmt::format("{}: no header line", source));
 }
 
-void read_capacity_csv(const std::string& path, CapacityInput& in) {
-    parse_capacity_csv(read_text_file(path, "--capacity"), path, in);
+void read_capacity_csv(const std::string& path, CapacityInput& in, double origin_epoch) {
+    parse_capacity_csv(read_text_file(path, "--capacity"), path, in, origin_epoch);
 }
 
-std::vector<CapacityStep> capacity_timeline(const CapacityInput& in, long long nodes) {
+std::vector<CapacityStep> capacity_timeline(const CapacityInput& input, long long nodes) {
+    // Events in time order (files may interleave; a file keeps its order).
+    CapacityInput in = input;
+    std::stable_sort(in.events.begin(), in.events.end(),
+                     [](const auto& a, const auto& b) { return a.t < b.t; });
+    std::stable_sort(in.levels.begin(), in.levels.end(),
+                     [](const auto& a, const auto& b) { return a.t < b.t; });
     // Every time something changes, in order; the state after all changes at
     // that time gives the step.
     std::vector<double> times = {0};

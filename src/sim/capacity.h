@@ -48,8 +48,14 @@ struct CapacityInput {
 // "time,event,nodes" (event drain / down / resume, nodes a name or a Slurm
 // hostlist such as nid[0010-0019]) or "start,end,nodes" (a reservation).
 // Errors name the file, line and field.
-void read_capacity_csv(const std::string& path, CapacityInput& in);
-void parse_capacity_csv(const std::string& text, const std::string& source, CapacityInput& in);
+// Also reads Slurm's own node events, `sacctmgr show event --parsable2
+// format=NodeName,TimeStart,TimeEnd,State` (other fields ignored; a State
+// with DOWN is down, any other drain; an end resumes the nodes; events
+// without nodes are skipped), their times less `origin_epoch` (the trace's
+// t = 0 in Unix seconds).
+void read_capacity_csv(const std::string& path, CapacityInput& in, double origin_epoch = 0);
+void parse_capacity_csv(const std::string& text, const std::string& source, CapacityInput& in,
+                        double origin_epoch = 0);
 
 // The merged timeline for a cluster of `nodes`: min(level, nodes) less the
 // named nodes out and the reserved nodes, never below 0. The first step is

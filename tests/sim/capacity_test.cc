@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "sim/cluster_sim.h"
+#include "sim/slurm.h"
 #include "sim_test_util.h"
 
 namespace apiary::sim {
@@ -133,6 +134,42 @@ TEST(SimCapacity, ImpliedByALog) {
     steps = implied_capacity(t, 4, 10000, &outages);  // too short to count
     EXPECT_EQ(pairs(steps), (std::vector<std::pair<double, long long>>{{0, 4}}));
     EXPECT_EQ(outages, 0);
+}
+
+}  // namespace
+}  // namespace apiary::sim
+
+namespace apiary::sim {
+namespace {
+
+TEST(SimCapacity, SlurmNodeEvents) {
+    // The trace starts at 2026-12-01T00:00:00 (Unix 1796083200): nid[01-02]
+    // drain from 1 h to 3 h, nid03 is down from 2 h and not back; a cluster
+    // event without nodes is skipped.
+    const std::string text =
+        "Cluster|NodeName|TimeStart|TimeEnd|State|Reason\n"
+        "c|nid[01-02]|2026-12-01T01:00:00|2026-12-01T03:00:00|DRAIN|maint\n"
+        "c|nid03|2026-12-01T02:00:00|Unknown|DOWN|dead\n"
+        "c||2026-12-01T00:00:00|Unknown||cluster registered\n";
+    CapacityInput in;
+    parse_capacity_csv(text, "ev.txt", in, parse_slurm_time("2026-12-01T00:00:00", "t"));
+    const auto t = capacity_timeline(in, 10);
+    const std::vector<std::pair<double, long long>> want = {
+        {0, 10}, {3600, 8}, {7200, 7}, {10800, 9}};
+    EXPECT_EQ(pairs(t), want);
+    EXPECT_FALSE(t[1].hard);
+    EXPECT_TRUE(t[2].hard);
+    CapacityInput bad;
+    EXPECT_NE(error_of([&] {
+                  parse_capacity_csv("NodeName|TimeStart|State\nn1|2026-12-01T01:00:00|DOWN\n",
+                                     "e.txt", bad);
+              }).find("e.txt:1: sacctmgr events without a 'TimeEnd' field"),
+              std::string::npos);
+    EXPECT_NE(error_of([&] {
+                  parse_capacity_csv("NodeName|TimeStart|TimeEnd|State\nn1|soon|Unknown|DOWN\n",
+                                     "e.txt", bad);
+              }).find("e.txt:2: field 'TimeStart'"),
+              std::string::npos);
 }
 
 }  // namespace

@@ -9,7 +9,8 @@
 #     on ALCF Theta 2023, the second half's mean and p90 wait, simulated over
 #     recorded, and the job-by-job Spearman correlation of waits (the first
 #     half warms the queue up) for FIFO, EASY, multifactor and WFP, then settings
-#     (policy, reservation depth, capacity) chosen on the first half alone
+#     (policy, multifactor weights, reservation depth, capacity) chosen on
+#     the first half alone
 #     and carried to the second;
 #  4. time per policy (fifo, backfill, multifactor, backfill with 50
 #     reservations) on a 100,000-job synthetic log.
@@ -75,12 +76,19 @@ row("backfill (EASY)", run(full, "backfill"))
 row("multifactor (age, size, fair share 1000 each; EASY)", run(full, "multifactor"))
 row("wfp (Cobalt's utility; EASY)", run(full, "wfp"))
 grid = []
+weights = {"backfill": [None], "wfp": [None],
+           "multifactor": [None, "age=5000,size=1000,fairshare=1000",
+                           "age=1000,size=5000,fairshare=1000"]}
 for policy in ("backfill", "multifactor", "wfp"):
-    for depth in (1, 10, 50, 200):
-        for cap in ((), ("--capacity", "implied")):
-            extra = ("--bf-max-job-test", str(depth), *cap)
-            name = f"{policy}, --bf-max-job-test {depth}" + (", --capacity implied" if cap else "")
-            grid.append((name, policy, extra))
+    for w in weights[policy]:
+        for depth in (1, 10, 50, 200):
+            for cap in ((), ("--capacity", "implied")):
+                extra = ("--bf-max-job-test", str(depth), *cap)
+                name = f"{policy}, --bf-max-job-test {depth}" + (", --capacity implied" if cap else "")
+                if w:
+                    extra += ("--priority-weights", w)
+                    name += f", --priority-weights {w}"
+                grid.append((name, policy, extra))
 fits = []
 for name, policy, extra in grid:
     m = run(first, policy, extra)

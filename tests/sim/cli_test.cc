@@ -214,6 +214,22 @@ TEST(SimCli, SwfCapacityAndPriorityErrorsNameWhatAndWhere) {
     EXPECT_NE(r.output.find("--capacity implied: " + d / "nowait.swf" + " records no starts"),
               std::string::npos)
         << r.output;
+    std::ofstream(d / "lim.csv") << "kind,name,max_running_jobs,max_nodes\nuser,7,two,\n";
+    r = run_command(sim("cluster --trace " + data("small.swf") + " --limits " + d / "lim.csv"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find(d / "lim.csv" + ":2: field 'max_running_jobs': 'two'"),
+              std::string::npos)
+        << r.output;
+    r = run_command(sim("cluster --trace " + data("small.swf") + " --bf-max-job-test 0"));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("--bf-max-job-test"), std::string::npos) << r.output;
+    // Limits and reservation depth through the binary: user 1 may run one
+    // job at a time, so job 3 (user 1) waits for job 1 as it did anyway.
+    std::ofstream(d / "one.csv") << "kind,name,max_running_jobs,max_nodes\nuser,1,1,\n";
+    r = run_command(sim("cluster --trace " + data("small.swf") + " --limits " + d / "one.csv" +
+                        " --policies multifactor,wfp --bf-max-job-test 5 --json"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(nlohmann::json::parse(r.output)["policies"].size(), 2u);
     std::ofstream(d / "prio.conf") << "PriorityType=priority/multifactor\nPriorityWeightAge=x\n";
     r = run_command(
         sim("cluster --trace " + data("small.swf") + " --slurm-conf " + d / "prio.conf"));

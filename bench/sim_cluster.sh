@@ -4,8 +4,18 @@
 #     policies with failures, spot capacity and a carbon profile; wall time
 #     of the whole command (median of REPS runs) and events per second;
 #  2. outcomes: each policy's waits, utilisation, cost and CO2 on one
-#     representative trace (the same trace), and its pictures.
+#     representative trace (the same trace), and its pictures;
+#  3. replays of the public SWF logs in $TRACES (default ../shared/traces):
+#     on ALCF Theta 2023, the second half's mean and p90 wait, simulated over
+#     recorded, and the job-by-job Spearman correlation of waits (the first
+#     half warms the queue up) for FIFO, EASY, multifactor and WFP, then settings
+#     (policy, multifactor weights, reservation depth, capacity) chosen on
+#     the first half alone
+#     and carried to the second;
+#  4. time per policy (fifo, backfill, multifactor, backfill with 50
+#     reservations) on a 100,000-job synthetic log.
 #   bench/sim_cluster.sh [build dir] [out dir]
+# ONLY=replay runs parts 3 and 4 alone.
 set -euo pipefail
 build=${1:-build}
 out=${2:-$(mktemp -d /tmp/apiary-sim-bench.XXXXXX)}
@@ -26,6 +36,106 @@ mkdir -p "$out"
     n=(160 160 160 160 160 160 140 120 80 60 40 40 40 40 40 60 80 100 120 140 160 160 160 160)
     for h in "${!n[@]}"; do echo "$h,${n[$h]},$(awk "BEGIN{print 3.0 + (160 - ${n[$h]}) / 40}")"; done
 } >"$out/spot.csv"
+
+TRACES=${TRACES:-../shared/traces}
+echo "== machine: $(lscpu | sed -n 's/^Model name: *//p'), load $(cut -d' ' -f1 /proc/loadavg)"
+
+replay_part() {
+theta="$TRACES/theta_2023.swf.gz"
+echo "== replay: $theta, waits of the second half (first half: warm-up)"
+# The first half of the log alone (submissions before the middle of its span),
+# to choose settings on.
+zcat "$theta" | awk '/^;/ {print; next} {print > "/dev/stderr"}' 2>"$out/jobs.swf" >"$out/head.swf"
+read -r lo hi < <(awk '{ if (min == "" || $2 < min) min = $2; if ($2 > max) max = $2 } END {print min, max}' "$out/jobs.swf")
+{ cat "$out/head.swf"; awk -v mid="$(( (lo + hi) / 2 ))" '$2 < mid' "$out/jobs.swf"; } >"$out/first_half.swf"
+python3 - "$apiary" "$theta" "$out/first_half.swf" <<'PY'
+import json, math, subprocess, sys, time
+apiary, full, first = sys.argv[1:4]
+def run(trace, policy, extra=()):
+    cmd = [apiary, "sim", "cluster", "--trace", trace, "--policies", policy,
+           "--warmup-fraction", "0.5", "--json", *extra]
+    t = time.time()
+    j = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    r = j["replay"][policy]
+    return {"mean": r["mean_wait_s"] / r["recorded_mean_wait_s"],
+            "p90": r["p90_wait_s"] / r["recorded_p90_wait_s"], "rho": r["spearman_wait"],
+            "n": r["waits_compared"], "rec_mean_h": r["recorded_mean_wait_s"] / 3600,
+            "rec_p90_h": r["recorded_p90_wait_s"] / 3600, "wall": time.time() - t}
+def score(m):  # 0 when mean and p90 equal the record's and the ranks agree
+    return abs(math.log(m["mean"])) + abs(math.log(m["p90"])) + (1 - m["rho"])
+def row(name, m):
+    ok = abs(m["mean"] - 1) <= 0.25 and abs(m["p90"] - 1) <= 0.25 and m["rho"] >= 0.5
+    print(f"| {name} | {m['mean']:.2f} | {m['p90']:.2f} | {m['rho']:.3f} | {'yes' if ok else 'no'} |")
+base = run(full, "fifo")
+print(f"second half: {base['n']} jobs with recorded waits; recorded mean {base['rec_mean_h']:.1f} h, "
+      f"p90 {base['rec_p90_h']:.1f} h")
+print("| setting | mean wait sim/rec | p90 wait sim/rec | Spearman | all three targets |")
+print("|---|---|---|---|---|")
+row("fifo", base)
+row("backfill (EASY)", run(full, "backfill"))
+row("multifactor (age, size, fair share 1000 each; EASY)", run(full, "multifactor"))
+row("wfp (Cobalt's utility; EASY)", run(full, "wfp"))
+grid = []
+weights = {"backfill": [None], "wfp": [None],
+           "multifactor": [None, "age=5000,size=1000,fairshare=1000",
+                           "age=1000,size=5000,fairshare=1000"]}
+for policy in ("backfill", "multifactor", "wfp"):
+    for w in weights[policy]:
+        for depth in (1, 10, 50, 200):
+            for cap in ((), ("--capacity", "implied")):
+                extra = ("--bf-max-job-test", str(depth), *cap)
+                name = f"{policy}, --bf-max-job-test {depth}" + (", --capacity implied" if cap else "")
+                if w:
+                    extra += ("--priority-weights", w)
+                    name += f", --priority-weights {w}"
+                grid.append((name, policy, extra))
+fits = []
+for name, policy, extra in grid:
+    m = run(first, policy, extra)
+    fits.append((score(m), name, policy, extra, m))
+fits.sort(key=lambda f: f[0])
+print("\nchosen on the first half (its second quarter scored, the first warming up), best 3:")
+for s, name, policy, extra, m in fits[:3]:
+    print(f"  {name}: first half mean {m['mean']:.2f}, p90 {m['p90']:.2f}, Spearman {m['rho']:.3f} (score {s:.3f})")
+print("\ncarried to the second half:")
+print("| setting (chosen on the first half) | mean wait sim/rec | p90 wait sim/rec | Spearman | all three targets |")
+print("|---|---|---|---|---|")
+for s, name, policy, extra, m in fits[:3]:
+    row(name, run(full, policy, extra))
+PY
+nasa="$TRACES/NASA-iPSC-1993-3.1-cln.swf.gz"
+echo "== $nasa (no recorded waits: simulated only)"
+"$apiary" sim cluster --trace "$nasa" --policies fifo,backfill,multifactor | sed -n '/^note\|^policy/,$p' | grep -v "^$"
+
+echo "== time per policy: 100,000 synthetic jobs on 10,000 devices (simulation alone, median of $REPS)"
+"$apiary" sim trace --jobs 100000 --gpus 10000xH100-SXM --load 0.9 --accounts 8 --seed 1 \
+    --out "$out/trace100k.csv" >/dev/null 2>&1
+for i in $(seq "$REPS"); do
+    "$apiary" sim cluster --trace "$out/trace100k.csv" --gpus 10000xH100-SXM \
+        --policies fifo,backfill,multifactor --json >"$out/t$i.json"
+    "$apiary" sim cluster --trace "$out/trace100k.csv" --gpus 10000xH100-SXM \
+        --policies backfill,multifactor --bf-max-job-test 50 --json >"$out/d$i.json"
+done
+python3 - "$out" "$REPS" <<'PY'
+import json, statistics, sys
+out, reps = sys.argv[1], int(sys.argv[2])
+rows = {}
+for i in range(1, reps + 1):
+    for f, suffix in (("t", ""), ("d", " --bf-max-job-test 50")):
+        for p in json.load(open(f"{out}/{f}{i}.json"))["policies"]:
+            rows.setdefault(p["policy"] + suffix, []).append((p["wall_s"], p["events"], p["mean_wait_s"]))
+print("| policy | events | simulation wall s (median) | min | max | mean wait |")
+print("|---|---|---|---|---|---|")
+for name, v in rows.items():
+    w = [x[0] for x in v]
+    print(f"| {name} | {v[0][1]} | {statistics.median(w):.2f} | {min(w):.2f} | {max(w):.2f} | {v[0][2] / 60:.1f} min |")
+PY
+}
+if [ "${ONLY:-}" = replay ]; then
+    replay_part
+    echo "results in $out"
+    exit 0
+fi
 
 "$apiary" sim trace --jobs 100000 --gpus 10000xH100-SXM --load 0.9 --spot-frac 0.15 \
     --flexible-frac 0.3 --slack-h 24 --high-priority-frac 0.1 --accounts 8 --seed 1 \
@@ -81,4 +191,5 @@ for p in j["policies"]:
           f"{100 * p['utilisation']:.1f}% | {p['cost_usd'] / 1e6:.2f} | {p['co2_kg'] / 1e3:.0f} | "
           f"{flex_co2.get(name, 0) / 1e3:.0f} | {p['restarts']} | {p['lost_device_hours']:.0f} |")
 PY
+replay_part
 echo "results in $out"

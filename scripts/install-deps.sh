@@ -10,7 +10,7 @@ packages=(
     # libraries linked by apiary
     libdnnl-dev libopenmpi-dev openmpi-bin
     libtomlplusplus-dev libcli11-dev nlohmann-json3-dev
-    libfmt-dev libspdlog-dev libzstd-dev libxxhash-dev
+    libfmt-dev libspdlog-dev libzstd-dev libxxhash-dev zlib1g-dev
     prometheus-cpp-dev libcurl4-openssl-dev
     # tests and benchmarks
     libgtest-dev libgmock-dev libbenchmark-dev

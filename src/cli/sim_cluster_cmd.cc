@@ -34,9 +34,46 @@ struct Options {
     double repair_h = 4, half_life_days = 7, horizon_days = 0;
     double ckpt_interval_s = 3600;
     int queue_depth = 0;
+    long long procs_per_node = 1;
     uint64_t seed = 1;
     std::string jobs_out, series_out, svg;
+    std::vector<std::string> capacity;
+    std::string capacity_out;
+    double implied_gap_h = 2;
+    std::string priority_weights;
+    double max_age_days = -1;  // < 0: slurm.conf's PriorityMaxAge, else 7
+    bool half_life_given = false;
+    double warmup_fraction = 0;
+    std::string limits;
+    int bf_max_job_test = 1;
+    double bf_window_min = -1;
 };
+
+// --priority-weights age=1000,size=500,fairshare=2000 onto the config.
+void parse_weights(const std::string& text, sim::SimConfig& c) {
+    for (const auto& item : sim::split(text, ',')) {
+        const auto eq = item.find('=');
+        const std::string key = sim::trim(item.substr(0, eq));
+        double v = 0;
+        if (eq == std::string::npos || !sim::parse_double(item.substr(eq + 1), &v) || v < 0) {
+            throw ConfigError(fmt::format(
+                "--priority-weights: '{}' is not factor=weight with a weight >= 0 (e.g. "
+                "--priority-weights age=1000,size=500,fairshare=2000)",
+                sim::printable(item)));
+        }
+        if (key == "age") {
+            c.weight_age = v;
+        } else if (key == "size") {
+            c.weight_size = v;
+        } else if (key == "fairshare") {
+            c.weight_fairshare = v;
+        } else {
+            throw ConfigError(
+                fmt::format("--priority-weights: unknown factor '{}' (known: age, size, fairshare)",
+                            sim::printable(key)));
+        }
+    }
+}
 
 std::map<std::string, double> parse_shares(const std::string& text) {
     std::map<std::string, double> m;
@@ -67,7 +104,16 @@ void read_spot(const std::string& path, sim::SimConfig& c) {
 // Nodes and devices per node: --gpus / cluster.* or, for a replay, slurm.conf.
 void size_cluster(const Options& o, const sim::Trace& trace, core::Config& cfg,
                   sim::SlurmConf* slurm) {
-    if (!o.slurm_conf.empty()) {
+    if (trace.device_unit == "nodes") {
+        // SWF: a job's size is nodes; the header's MaxNodes is the default size.
+        if (cfg.get_int("cluster.gpus") <= 0 && trace.max_nodes > 0) {
+            cfg.set_value("cluster.gpus", int64_t(trace.max_nodes), o.trace + " header");
+        }
+        cfg.set_value("cluster.gpus_per_node", int64_t(1), "an SWF trace (jobs count nodes)");
+    }
+    if (!o.slurm_conf.empty() && trace.device_unit == "nodes") {
+        *slurm = sim::read_slurm_conf(o.slurm_conf, false);  // its scheduling keys only
+    } else if (!o.slurm_conf.empty()) {
         *slurm = sim::read_slurm_conf(o.slurm_conf);
         const bool gpus = trace.device_unit == "gpus";
         const long long per = gpus ? slurm->gpus_per_node : slurm->cpus_per_node;
@@ -81,7 +127,7 @@ void size_cluster(const Options& o, const sim::Trace& trace, core::Config& cfg,
     if (cfg.get_int("cluster.gpus") <= 0) {
         throw ConfigError(
             "sim cluster: how big is the cluster? give --gpus NxDEVICE (e.g. 1024xH100-SXM), "
-            "cluster.gpus, or --slurm-conf");
+            "cluster.gpus, --slurm-conf, or an SWF trace with a MaxNodes / MaxProcs header");
     }
 }
 
@@ -118,8 +164,27 @@ sim::SimConfig sim_config(const Options& o, const plan::Cluster& pc, const sim::
     c.queue_depth = o.queue_depth > 0           ? o.queue_depth
                     : slurm.bf_max_job_test > 0 ? int(slurm.bf_max_job_test)
                                                 : 1000;
-    c.fairshare_half_life_s = o.half_life_days * 86400;
+    c.fairshare_half_life_s = !o.half_life_given && slurm.decay_half_life_s >= 0
+                                  ? slurm.decay_half_life_s
+                                  : o.half_life_days * 86400;
+    if (slurm.calc_period_s >= 0) c.priority_calc_period_s = slurm.calc_period_s;
+    if (slurm.weight_age >= 0) c.weight_age = slurm.weight_age;
+    if (slurm.weight_size >= 0) c.weight_size = slurm.weight_size;
+    if (slurm.weight_fairshare >= 0) c.weight_fairshare = slurm.weight_fairshare;
+    if (!o.priority_weights.empty()) parse_weights(o.priority_weights, c);
+    if (o.max_age_days >= 0) {
+        c.priority_max_age_s = o.max_age_days * 86400;
+    } else if (slurm.priority_max_age_s >= 0) {
+        c.priority_max_age_s = slurm.priority_max_age_s;
+    }
     c.shares = parse_shares(o.shares);
+    if (!o.limits.empty()) c.limits = sim::read_limits(o.limits);
+    c.bf_max_job_test = o.bf_max_job_test;
+    if (o.bf_window_min > 0) {
+        c.bf_window_s = o.bf_window_min * 60;
+    } else if (slurm.bf_window_s > 0) {
+        c.bf_window_s = slurm.bf_window_s;
+    }
     c.seed = o.seed;
     c.record = !o.svg.empty() || !o.series_out.empty();
     if (o.horizon_days > 0) c.horizon_s = o.horizon_days * 86400;
@@ -128,7 +193,14 @@ sim::SimConfig sim_config(const Options& o, const plan::Cluster& pc, const sim::
 
 std::vector<std::string> policy_list(const Options& o, const sim::SlurmConf& slurm, bool replay) {
     if (!o.policies.empty()) return sim::split(o.policies, ',');
-    if (replay) return {slurm.scheduler == "sched/builtin" ? "fifo" : "backfill"};
+    if (replay && !o.slurm_conf.empty()) {
+        const bool builtin = slurm.scheduler == "sched/builtin";
+        if (slurm.priority_type == "priority/multifactor") {
+            return {builtin ? "multifactor-fifo" : "multifactor"};
+        }
+        return {builtin ? "fifo" : "backfill"};
+    }
+    if (replay) return {"backfill"};
     return {"fifo", "backfill", "twolevel"};
 }
 
@@ -141,14 +213,60 @@ struct Outcome {
     std::vector<sim::SimResult> results;
     std::vector<sim::Summary> sums;
     std::vector<std::pair<std::string, sim::ReplayCheck>> checks;
+    int implied_outages = -1;  // --capacity implied: outages found
 };
 
+// --capacity: files merged into one timeline, or the capacity the log implies.
+void set_capacity(const Options& o, Outcome& r) {
+    if (o.capacity.empty()) return;
+    const bool implied =
+        std::find(o.capacity.begin(), o.capacity.end(), "implied") != o.capacity.end();
+    if (implied) {
+        if (o.capacity.size() > 1) {
+            throw ConfigError(
+                "--capacity implied infers the whole timeline from the log: give it alone, "
+                "without capacity files");
+        }
+        bool recorded = false;
+        for (const auto& j : r.trace.jobs) recorded |= j.recorded_start >= 0;
+        if (!recorded) {
+            throw ConfigError(fmt::format(
+                "--capacity implied: {} records no starts (SWF wait -1, or no Start in Slurm's "
+                "record): there is nothing to infer capacity from",
+                o.trace));
+        }
+        auto steps = sim::implied_capacity(r.trace, r.c.devices(), o.implied_gap_h * 3600,
+                                           &r.implied_outages);
+        for (auto& s : steps) s.nodes = (s.nodes + r.c.per_node - 1) / r.c.per_node;
+        r.c.capacity = std::move(steps);
+        return;
+    }
+    sim::CapacityInput in;
+    for (const auto& f : o.capacity) sim::read_capacity_csv(f, in, r.trace.origin_epoch);
+    r.c.capacity = sim::capacity_timeline(in, r.c.nodes);
+}
+
 void print_text(const Options& o, const Outcome& r) {
-    fmt::print("trace {}: {} jobs; cluster: {} nodes x {} {} ({} devices)", o.trace,
-               r.trace.jobs.size(), r.c.nodes, r.c.per_node, r.pc.dev.name, r.c.devices());
+    if (r.trace.device_unit == "nodes") {
+        fmt::print("trace {}: {} jobs; cluster: {} nodes (jobs count nodes)", o.trace,
+                   r.trace.jobs.size(), r.c.nodes);
+    } else {
+        fmt::print("trace {}: {} jobs; cluster: {} nodes x {} {} ({} devices)", o.trace,
+                   r.trace.jobs.size(), r.c.nodes, r.c.per_node, r.pc.dev.name, r.c.devices());
+    }
     if (r.c.spot_nodes_max > 0) fmt::print(" + spot up to {} nodes", r.c.spot_nodes_max);
     fmt::print("\n");
     if (r.c.latency_s > 0) fmt::print("scheduler latency: {:.3g} s\n", r.c.latency_s);
+    if (!r.c.capacity.empty()) {
+        long long lo = r.c.nodes;
+        for (const auto& s : r.c.capacity) lo = std::min(lo, s.nodes);
+        fmt::print("capacity: {} steps, down to {} of {} nodes{}\n", r.c.capacity.size(), lo,
+                   r.c.nodes,
+                   r.implied_outages >= 0
+                       ? fmt::format(" (implied by the log: {} outages of {} h or more)",
+                                     r.implied_outages, o.implied_gap_h)
+                       : "");
+    }
     for (const auto& n : r.trace.notes) fmt::print("note: {}\n", n);
     size_t rejected = 0;
     for (const auto& j : r.jobs) {
@@ -169,15 +287,27 @@ void print_text(const Options& o, const Outcome& r) {
                                      s.node_failures, s.spot_reclaims, s.preemptions)
                        : "");
     }
+    const char* who = r.trace.slurm ? "Slurm's" : "recorded";
     for (const auto& [policy, ch] : r.checks) {
         fmt::print(
-            "\nreplay under {}: {} jobs; start order {}, end order {}; max |start - Slurm's| "
-            "{:.3g} s, max |end - Slurm's| {:.3g} s, mean |start error| {:.3g} s\n",
+            "\nreplay under {}: {} jobs; start order {}, end order {}; max |start - {}| "
+            "{:.3g} s, max |end - {}| {:.3g} s, mean |start error| {:.3g} s\n",
             policy, ch.compared, ch.same_start_order ? "the same" : "differs",
-            ch.same_end_order ? "the same" : "differs", ch.max_start_err_s, ch.max_end_err_s,
-            ch.mean_abs_start_err_s);
+            ch.same_end_order ? "the same" : "differs", who, ch.max_start_err_s, who,
+            ch.max_end_err_s, ch.mean_abs_start_err_s);
         if (!ch.first_difference.empty())
             fmt::print("  first difference: {}\n", ch.first_difference);
+        if (ch.waits_compared > 0) {
+            fmt::print(
+                "  waits of {} jobs submitted from {}: mean {} (recorded {}, ratio {:.3g}), p90 {} "
+                "(recorded {}, ratio {:.3g}), Spearman {:.3f}\n",
+                ch.waits_compared, sim::format_duration(ch.from),
+                sim::format_duration(ch.mean_wait_s), sim::format_duration(ch.recorded_mean_wait_s),
+                ch.recorded_mean_wait_s > 0 ? ch.mean_wait_s / ch.recorded_mean_wait_s : 0.0,
+                sim::format_duration(ch.p90_wait_s), sim::format_duration(ch.recorded_p90_wait_s),
+                ch.recorded_p90_wait_s > 0 ? ch.p90_wait_s / ch.recorded_p90_wait_s : 0.0,
+                ch.spearman_wait);
+        }
     }
 }
 
@@ -192,6 +322,14 @@ void write_files(const Options& o, const Outcome& r) {
             sim::write_jobs_csv(r.jobs, r.results, s);
         }
         write_file_atomically(o.jobs_out, s.str(), "--jobs-out");
+    }
+    if (!o.capacity_out.empty()) {
+        std::ostringstream s;
+        sim::write_capacity_csv(r.c.capacity.empty()
+                                    ? std::vector<sim::CapacityStep>{{0, r.c.nodes, false}}
+                                    : r.c.capacity,
+                                s);
+        write_file_atomically(o.capacity_out, s.str(), "--capacity-out");
     }
     if (!o.series_out.empty()) {
         std::ostringstream s;
@@ -230,8 +368,10 @@ void print_json(const Options& o, const Outcome& r) {
 void run(const Options& o) {
     core::Config cfg = resolve_sim_config(o.cluster);
     Outcome r;
-    r.trace = sim::read_trace(o.trace, sim::parse_trace_format(o.trace_format),
-                              sim::parse_slurm_devices(o.slurm_devices));
+    sim::ReadOptions ro;
+    ro.devices = sim::parse_slurm_devices(o.slurm_devices);
+    ro.procs_per_node = o.procs_per_node;
+    r.trace = sim::read_trace(o.trace, sim::parse_trace_format(o.trace_format), ro);
     sim::SlurmConf slurm;
     size_cluster(o, r.trace, cfg, &slurm);
     bool replay = false;
@@ -243,12 +383,21 @@ void run(const Options& o) {
     r.pc = plan::cluster_from(cfg, cfg.get_int("cluster.gpus"));
     sim::JobModel model(cfg, r.pc, o.ckpt_interval_s);
     r.c = sim_config(o, r.pc, model, slurm);
-    if (o.latency == "auto") r.c.latency_s = sim::record_latency_s(r.trace);
+    // Only Slurm's own records say how fast its controller reacted.
+    if (o.latency == "auto" && r.trace.slurm) r.c.latency_s = sim::record_latency_s(r.trace);
+    set_capacity(o, r);
     r.jobs = sim::prepare_jobs(r.trace, model, r.c);
+    // Jobs submitted in the first --warmup-fraction of the log warm the queue up.
+    double last_submit = 0;
+    for (const auto& j : r.trace.jobs) last_submit = std::max(last_submit, j.submit);
+    const double compare_from = o.warmup_fraction * last_submit;
     for (const auto& p : policies) {
         r.results.push_back(sim::simulate(r.jobs, r.c, p));
         r.sums.push_back(sim::summarize(r.jobs, r.results.back()));
-        if (replay) r.checks.emplace_back(p.name, sim::check_replay(r.jobs, r.results.back()));
+        if (replay) {
+            r.checks.emplace_back(p.name,
+                                  sim::check_replay(r.jobs, r.results.back(), compare_from));
+        }
     }
     write_files(o, r);
     if (o.json) {
@@ -265,36 +414,77 @@ void add_sim_cluster(CLI::App* sim) {
     static Options o;
     add_sim_cluster_options(cmd, o.cluster);
     cmd->add_option("--trace", o.trace,
-                    "jobs: CSV/JSON (docs/sim.md), sacct --parsable2 output "
-                    "or a jobcomp/filetxt log")
+                    "jobs: CSV/JSON (docs/sim.md), sacct --parsable2 output, "
+                    "a jobcomp/filetxt log or SWF (.swf or .swf.gz)")
         ->required();
-    cmd->add_option("--trace-format", o.trace_format, "auto, csv, json, sacct or jobcomp");
+    cmd->add_option("--trace-format", o.trace_format,
+                    "auto, csv, json, sacct, jobcomp or swf (the Parallel Workloads Archive's "
+                    "Standard Workload Format); any may be gzipped");
+    cmd->add_option("--procs-per-node", o.procs_per_node,
+                    "SWF: processors per node; a job's nodes = ceil(processors / this), the "
+                    "cluster's = MaxNodes, else MaxProcs / this (default 1)")
+        ->check(CLI::Range(1LL, 1000000000LL));
     cmd->add_option("--slurm-conf", o.slurm_conf,
-                    "slurm.conf: the cluster's nodes and Slurm's scheduler (the default policy)");
+                    "slurm.conf: the cluster's nodes, Slurm's scheduler and priority plugin (the "
+                    "default policy) and its PriorityWeight*, PriorityMaxAge and "
+                    "PriorityDecayHalfLife (for an SWF trace only these keys)");
     cmd->add_option("--slurm-devices", o.slurm_devices,
                     "what a Slurm job's devices are: auto (GPUs if any record has them), cpus, "
                     "gpus");
     cmd->add_option("--policies", o.policies,
-                    "comma-separated: fifo, backfill, priority, twolevel, each with optional "
-                    "+preempt, +carbon (default fifo,backfill,twolevel; Slurm's with "
-                    "--slurm-conf)");
+                    "comma-separated: fifo, backfill, priority, twolevel, multifactor, "
+                    "multifactor-fifo, wfp, each with optional +preempt, +carbon (default "
+                    "fifo,backfill,twolevel; Slurm's with --slurm-conf)");
     cmd->add_option("--spot-profile", o.spot_profile,
                     "CSV hour,spot_nodes[,spot_price]: spot capacity and USD per device-hour");
     cmd->add_option("--carbon-profile", o.carbon_profile,
                     "CSV hour,gco2_per_kwh (or one value per line, hourly); default "
                     "cluster.carbon_profile or cluster.gco2_per_kwh");
+    cmd->add_option("--capacity", o.capacity,
+                    "nodes available over time: CSV time,available_nodes, time,event,nodes "
+                    "(drain/down/resume of named nodes), start,end,nodes (reservations) or "
+                    "sacctmgr show event --parsable2 output, repeatable; or 'implied': the "
+                    "capacity the log's recorded starts imply");
+    cmd->add_option("--implied-gap-hours", o.implied_gap_h,
+                    "--capacity implied: a queued job that fits but nothing starts for this long "
+                    "is an outage (default 2)")
+        ->check(CLI::Range(0.0, 1e6));
+    cmd->add_option("--capacity-out", o.capacity_out,
+                    "CSV time,available_nodes of the capacity timeline used");
     cmd->add_flag("--failures", o.failures, "nodes fail at cluster.mtbf_node_hours");
     cmd->add_option("--repair-hours", o.repair_h, "a failed node is back after this")
         ->check(CLI::Range(0.0, 1e6));
     cmd->add_option("--latency-s", o.latency,
-                    "the scheduler starts a job this long after it arrives or after the end "
-                    "that frees its devices; auto: measured from a Slurm record, else 0");
+                    "the scheduler starts a job this long after it arrives, and devices are free "
+                    "this long after a job ends; auto: measured from a Slurm record (sacct, "
+                    "jobcomp), 0 for any other trace");
     cmd->add_option("--queue-depth", o.queue_depth,
                     "queued jobs looked at per pass (default 1000, or bf_max_job_test)")
         ->check(CLI::Range(1, 100000000));
     cmd->add_option("--fairshare-half-life-days", o.half_life_days,
-                    "decay of account usage in the two-level queue (0: none)")
+                    "decay of usage in the two-level queue and multifactor fair share (0: none; "
+                    "default 7, or slurm.conf's PriorityDecayHalfLife)")
+        ->check(CLI::Range(0.0, 1e6))
+        ->each([](const std::string&) { o.half_life_given = true; });
+    cmd->add_option("--priority-weights", o.priority_weights,
+                    "multifactor: age=W,size=W,fairshare=W (default 1000 each, or slurm.conf's "
+                    "PriorityWeightAge/JobSize/Fairshare)");
+    cmd->add_option("--priority-max-age-days", o.max_age_days,
+                    "multifactor: the age factor reaches 1 at this age (default 7, or "
+                    "slurm.conf's PriorityMaxAge)")
         ->check(CLI::Range(0.0, 1e6));
+    cmd->add_option("--bf-max-job-test", o.bf_max_job_test,
+                    "backfill: jobs that get a reservation when they cannot start (1: EASY, the "
+                    "default; more: Slurm's sched/backfill, which reserves for every job it "
+                    "tests)")
+        ->check(CLI::Range(1, 100000000));
+    cmd->add_option("--bf-window", o.bf_window_min,
+                    "backfill: reservations only this many minutes ahead (default 1440, or "
+                    "slurm.conf's bf_window)")
+        ->check(CLI::Range(1e-6, 1e9));
+    cmd->add_option("--limits", o.limits,
+                    "CSV kind,name,max_running_jobs,max_nodes: per-user / per-account limits "
+                    "(kind user or account, name * for everyone else)");
     cmd->add_option("--shares", o.shares, "account shares, e.g. research=2,prod=1 (default 1)");
     cmd->add_option("--checkpoint-interval-s", o.ckpt_interval_s,
                     "checkpoint interval of jobs without a model (0: continuous)")
@@ -302,6 +492,10 @@ void add_sim_cluster(CLI::App* sim) {
     cmd->add_option("--horizon-days", o.horizon_days, "stop after this (0: when all jobs end)")
         ->check(CLI::Range(0.0, 1e6));
     cmd->add_option("--seed", o.seed, "seed of the failure times");
+    cmd->add_option("--warmup-fraction", o.warmup_fraction,
+                    "a replay compares the waits of jobs submitted after this fraction of the "
+                    "log's span (the rest warm the queue up; default 0)")
+        ->check(CLI::Range(0.0, 1.0));
     cmd->add_option("--jobs-out", o.jobs_out, "per-job results: .csv or .json");
     cmd->add_option("--series-out", o.series_out,
                     "CSV of the cluster over time: busy and available devices, queued jobs");

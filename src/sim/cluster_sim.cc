@@ -1,6 +1,7 @@
 #include "sim/cluster_sim.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/error.h"
 #include "sim/text.h"
@@ -20,10 +21,17 @@ Policy parse_policy(const std::string& name) {
         p.order = Order::priority, p.backfill = true;
     } else if (base == "twolevel") {
         p.order = Order::fairshare, p.backfill = true;
+    } else if (base == "multifactor") {
+        p.order = Order::multifactor, p.backfill = true;
+    } else if (base == "multifactor-fifo") {
+        p.order = Order::multifactor;
+    } else if (base == "wfp") {
+        p.order = Order::multifactor, p.backfill = true, p.wfp = true;
     } else {
         throw ConfigError(fmt::format(
-            "--policies: unknown policy '{}' (known: fifo, backfill, priority, twolevel; each "
-            "may add +preempt and +carbon, e.g. twolevel+preempt)",
+            "--policies: unknown policy '{}' (known: fifo, backfill, priority, twolevel, "
+            "multifactor, multifactor-fifo, wfp; each may add +preempt and +carbon, e.g. "
+            "twolevel+preempt)",
             base));
     }
     for (size_t i = 1; i < parts.size(); ++i) {
@@ -38,6 +46,61 @@ Policy parse_policy(const std::string& name) {
         }
     }
     return p;
+}
+
+Limits parse_limits(const std::string& text, const std::string& source) {
+    Limits l;
+    std::vector<std::string> header;
+    int line_no = 0;
+    for (const auto& line : split_lines(text)) {
+        ++line_no;
+        const std::string where = fmt::format("{}:{}", source, line_no);
+        if (is_blank_or_comment(line)) continue;
+        auto cells = split_csv(line, where);
+        for (auto& c : cells) c = trim(c);
+        if (header.empty()) {
+            header = cells;
+            if (fmt::format("{}", fmt::join(header, ",")) !=
+                "kind,name,max_running_jobs,max_nodes") {
+                throw DataError(
+                    fmt::format("{}: header '{}' is not kind,name,max_running_jobs,max_nodes",
+                                where, printable(fmt::format("{}", fmt::join(header, ",")))));
+            }
+            continue;
+        }
+        if (cells.size() != 4) {
+            throw DataError(
+                fmt::format("{}: {} cells but the header has 4 fields", where, cells.size()));
+        }
+        if (cells[0] != "user" && cells[0] != "account") {
+            throw DataError(
+                cell_message(Cell{printable(cells[0]), where, "kind"}, "is not user or account"));
+        }
+        if (cells[1].empty()) {
+            throw DataError(
+                fmt::format("{}: field 'name' is empty (a name, or * for everyone)", where));
+        }
+        Limit x;
+        if (!cells[2].empty()) {
+            x.max_jobs = (long long)cell_integer(Cell{cells[2], where, header[2]}, 0, 1e9,
+                                                 "a whole number >= 0, or empty for none");
+        }
+        if (!cells[3].empty()) {
+            x.max_nodes = (long long)cell_integer(Cell{cells[3], where, header[3]}, 0, 1e9,
+                                                  "a whole number >= 0, or empty for none");
+        }
+        auto& m = cells[0] == "user" ? l.user : l.account;
+        if (!m.emplace(cells[1], x).second) {
+            throw DataError(fmt::format("{}: {} '{}' has a limit already", where, cells[0],
+                                        printable(cells[1])));
+        }
+    }
+    if (header.empty()) throw DataError(fmt::format("{}: no header line", source));
+    return l;
+}
+
+Limits read_limits(const std::string& path) {
+    return parse_limits(read_text_file(path, "--limits"), path);
 }
 
 const char* job_state_name(JobState s) {

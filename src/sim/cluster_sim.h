@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "sim/capacity.h"
 #include "sim/job_model.h"
 #include "sim/profile.h"
 #include "sim/trace.h"
@@ -23,7 +24,24 @@ enum class Order {
     submit,     // first come, first served
     priority,   // priority class (higher first), then submit
     fairshare,  // priority class, then the account with the least decayed usage per share
+    // Slurm's priority/multifactor: the weighted sum of age, job size and
+    // fair-share factors, highest first (docs/sim.md "Multifactor priority").
+    multifactor,
 };
+
+// Running-job and node limits of a user or account (Slurm's association
+// MaxJobs and MaxTRES=node / GrpTRES=node); < 0: none.
+struct Limit {
+    long long max_jobs = -1, max_nodes = -1;
+};
+struct Limits {
+    std::map<std::string, Limit> user, account;  // "*": everyone without their own line
+    bool empty() const { return user.empty() && account.empty(); }
+};
+// CSV kind,name,max_running_jobs,max_nodes (kind user or account; name "*"
+// for everyone else; an empty cell: no limit). Errors name file, line, field.
+Limits parse_limits(const std::string& text, const std::string& source);
+Limits read_limits(const std::string& path);
 
 struct Policy {
     std::string name;
@@ -40,8 +58,13 @@ struct Policy {
     // Flexible jobs are held until the start time in [submit, deadline - run]
     // that minimises their CO2 under the carbon profile.
     bool carbon = false;
+    // With Order::multifactor: rank by Cobalt's WFP utility instead, (time
+    // queued / requested time)^3 x nodes (ALCF's scheduler on Theta).
+    bool wfp = false;
 };
-// fifo, backfill, priority, twolevel; each may take +preempt and +carbon,
+// fifo, backfill, priority, twolevel, multifactor (with backfill, as Slurm's
+// sched/backfill), multifactor-fifo (without) and wfp (Cobalt's utility,
+// with backfill); each may take +preempt and +carbon,
 // e.g. "twolevel+preempt". Throws ConfigError listing the known names.
 Policy parse_policy(const std::string& name);
 
@@ -61,14 +84,29 @@ struct SimConfig {
     // `latency_s` after a run ends (Slurm's controller ticks and job epilogs:
     // about 1 s).
     double latency_s = 0;
-    double mtbf_node_s = 0;                    // 0: nodes never fail
-    double repair_s = 4 * 3600;                // a failed node is back after this
-    int queue_depth = 1000;                    // queued jobs looked at per scheduling pass
-    double fairshare_half_life_s = 7 * 86400;  // 0: usage never decays
-    std::map<std::string, double> shares;      // account -> share (default 1)
-    uint64_t seed = 1;                         // failure times
-    bool record = true;                        // keep run segments and the series (pictures)
-    double horizon_s = kNever;                 // stop here; what has not finished is "unfinished"
+    double mtbf_node_s = 0;      // 0: nodes never fail
+    double repair_s = 4 * 3600;  // a failed node is back after this
+    int queue_depth = 1000;      // queued jobs looked at per scheduling pass
+    // Backfill: how many jobs that cannot start get a reservation (1: EASY;
+    // more: Slurm's sched/backfill, every job it tests; +preempt stays EASY),
+    // and how far ahead (bf_window).
+    int bf_max_job_test = 1;
+    double bf_window_s = 86400;
+    double fairshare_half_life_s = 7 * 86400;  // 0: usage never decays (PriorityDecayHalfLife)
+    // Multifactor priority: PriorityWeightAge, PriorityWeightJobSize,
+    // PriorityWeightFairshare, and PriorityMaxAge (the age factor is 1 from there).
+    double weight_age = 1000, weight_size = 1000, weight_fairshare = 1000;
+    double priority_max_age_s = 7 * 86400;
+    // PriorityCalcPeriod: queued jobs' priorities are recomputed this often;
+    // a job queued in between is ranked by its priority when queued.
+    double priority_calc_period_s = 300;
+    std::map<std::string, double> shares;  // account -> share (default 1)
+    uint64_t seed = 1;                     // failure times
+    bool record = true;                    // keep run segments and the series (pictures)
+    double horizon_s = kNever;             // stop here; what has not finished is "unfinished"
+    Limits limits;  // a job over its user's or account's limit waits; others pass it
+    // On-demand nodes available over time (empty: all `nodes`, always).
+    std::vector<CapacityStep> capacity;
 
     long long devices() const { return (long long)nodes * per_node; }
 };

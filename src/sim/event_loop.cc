@@ -55,6 +55,20 @@ EventLoop::EventLoop(const std::vector<SimJob>& jobs, const SimConfig& cfg, cons
     reclaimed_.assign(total_nodes, 0);
     for (int n = cfg.nodes; n < total_nodes; ++n) reclaimed_[n] = 1;  // until the profile offers it
     failures_drawn_.assign(total_nodes, 0);
+    // Dependencies (SWF's preceding job): on a job that runs here, else none.
+    dep_.assign(jobs.size(), -1);
+    waiters_.resize(jobs.size());
+    std::map<std::string, int> index;  // built only when some job has a dependency
+    for (size_t j = 0; j < jobs.size(); ++j) {
+        if (jobs[j].spec.after.empty()) continue;
+        if (index.empty()) {
+            for (size_t k = 0; k < jobs.size(); ++k) index.emplace(jobs[k].spec.id, int(k));
+        }
+        const auto it = index.find(jobs[j].spec.after);
+        if (it != index.end() && it->second != int(j) && jobs[size_t(it->second)].reject.empty()) {
+            dep_[j] = it->second;
+        }
+    }
     for (size_t j = 0; j < jobs.size(); ++j) {
         run_[j].pool = jobs[j].spec.spot ? 1 : 0;
         if (!jobs[j].reject.empty()) {
@@ -68,6 +82,28 @@ EventLoop::EventLoop(const std::vector<SimJob>& jobs, const SimConfig& cfg, cons
         for (int n = 0; n < total_nodes; ++n) push(next_failure(n), EventKind::fail, n);
     }
     if (!cfg.spot_nodes.empty()) push(0, EventKind::spot, 0);
+    if (policy.order == Order::multifactor) {
+        // Shares normalised over every user (or account) in the trace.
+        std::map<std::string, int> idx;
+        share_idx_.resize(jobs.size());
+        for (size_t j = 0; j < jobs.size(); ++j) {
+            const auto [it, added] = idx.emplace(share_key(int(j)), int(idx.size()));
+            if (added) share_names_.push_back(it->first);
+            share_idx_[j] = it->second;
+        }
+        double total = 0;
+        for (const auto& k : share_names_) {
+            const auto it = cfg.shares.find(k);
+            share_norm_.push_back(it == cfg.shares.end() ? 1.0 : it->second);
+            total += share_norm_.back();
+        }
+        for (double& v : share_norm_) v /= total;
+        for (const auto& k : share_names_) share_acct_.push_back(&accounts_[k]);
+        fs_factor_.assign(share_names_.size(), 1.0);
+    }
+    for (size_t i = 0; i < cfg.capacity.size(); ++i) {
+        push(cfg.capacity[i].t, EventKind::capacity, int(i));
+    }
     last_point_ = SeriesPoint{0, 0, pools_[0].active_devices(), 0};
     if (cfg.record) res_.series.push_back(last_point_);
 }
@@ -143,12 +179,31 @@ void EventLoop::handle(const Event& e) {
         case EventKind::spot:
             spot_step();
             break;
+        case EventKind::capacity:
+            capacity_step(e.a);
+            break;
     }
 }
 
 void EventLoop::arrive(int j) {
     JobOutcome& o = res_.jobs[j];
     o.eligible = now_;
+    if (const int d = dep_[size_t(j)]; d >= 0) {
+        // Not before the job it follows has ended and the think time passed.
+        const bool ended = run_[d].state == RunState::done || run_[d].state == RunState::releasing;
+        if (!ended) {
+            run_[j].state = RunState::held;
+            waiters_[size_t(d)].push_back(j);
+            return;
+        }
+        const double t = res_.jobs[d].end + jobs_[j].spec.think_s;
+        if (t > now_) {
+            run_[j].state = RunState::held;
+            o.eligible = t;
+            push(t, EventKind::eligible, j);
+            return;
+        }
+    }
     if (policy_.carbon && jobs_[j].spec.flexible) {
         const double t = hold_until(j);
         if (t > now_) {
@@ -184,7 +239,8 @@ void EventLoop::start(int j, std::vector<int32_t>&& slots) {
         if (s / per_node != prev) on_node_[prev = s / per_node].push_back(j);
     }
     busy_ += job.spec.devices;
-    settle(job.spec.account, double(job.spec.devices));
+    settle(share_key(j), double(job.spec.devices));
+    count_running(j, +1);
 }
 
 void EventLoop::close_segment(int j, double end, bool completed) {
@@ -228,7 +284,13 @@ void EventLoop::finish(int j) {
     o.end = now_;
     o.state = r.seg_timeout ? JobState::timeout : JobState::completed;
     --remaining_;
-    settle(jobs_[j].spec.account, -double(jobs_[j].spec.devices));
+    settle(share_key(j), -double(jobs_[j].spec.devices));
+    count_running(j, -1);
+    for (int w : waiters_[size_t(j)]) {
+        res_.jobs[w].eligible = now_ + jobs_[w].spec.think_s;
+        push(res_.jobs[w].eligible, EventKind::eligible, w);
+    }
+    waiters_[size_t(j)].clear();
     if (cfg_.latency_s > 0) {  // e.g. Slurm's epilog and next tick: not free yet
         r.state = RunState::releasing;
         running_[r.pool].erase(r.until);
@@ -243,6 +305,15 @@ void EventLoop::finish(int j) {
 void EventLoop::free_devices(int j) {
     Run& r = run_[j];
     pools_[r.pool].release(r.slots.data(), r.slots.size());
+    // A draining cluster takes the nodes this job leaves idle.
+    for (size_t i = 0; drain_ > 0 && r.pool == 0 && i < r.slots.size(); ++i) {
+        const int n = r.slots[i] / cfg_.per_node;
+        if (!reclaimed_[n] && pools_[0].active(n) && pools_[0].free_on(n) == cfg_.per_node) {
+            reclaimed_[n] = 1;
+            pools_[0].deactivate(n);
+            --drain_;
+        }
+    }
     busy_ -= (long long)r.slots.size();
     const int per_node = cfg_.per_node;
     int prev = -1;
@@ -260,7 +331,8 @@ void EventLoop::interrupt(int j, bool failure) {
     Run& r = run_[j];
     JobOutcome& o = res_.jobs[j];
     close_segment(j, now_, false);
-    settle(jobs_[j].spec.account, -double(jobs_[j].spec.devices));
+    settle(share_key(j), -double(jobs_[j].spec.devices));
+    count_running(j, -1);
     free_devices(j);
     r.state = RunState::pending;  // queued again once the events of this time are handled
     ++r.epoch;
@@ -325,6 +397,41 @@ void EventLoop::spot_step() {
     }
     if (const double next = cfg_.spot_nodes.next_change(now_); std::isfinite(next)) {
         push(next, EventKind::spot, 0);
+    }
+}
+
+void EventLoop::capacity_step(int i) {
+    const CapacityStep& c = cfg_.capacity[size_t(i)];
+    const long long target = std::clamp<long long>(c.nodes, 0, cfg_.nodes);
+    long long offered = 0;  // nodes not taken by the capacity timeline (failed ones count)
+    for (int n = 0; n < cfg_.nodes; ++n) offered += !reclaimed_[n];
+    drain_ = 0;  // recomputed from the nodes still offered
+    if (target < offered) {
+        // Idle (and failed) nodes go at once; busy ones when their jobs end,
+        // or now, stopping those jobs, when a node went down.
+        std::vector<int> order;
+        for (int n = 0; n < cfg_.nodes; ++n) {
+            if (!reclaimed_[n] && down_[n]) order.push_back(n);
+        }
+        for (int n : pools_[0].active_by_free()) order.push_back(n);
+        long long take = offered - target;
+        for (size_t k = 0; k < order.size() && take > 0; ++k) {
+            const int n = order[k];
+            const bool idle = down_[n] || pools_[0].free_on(n) == cfg_.per_node;
+            if (!idle && !c.hard) break;  // the rest are busy: they drain
+            reclaimed_[n] = 1;
+            pools_[0].deactivate(n);
+            if (!idle) kill_on_node(n, true);
+            --take;
+        }
+        drain_ = take;
+    } else {
+        for (int n = 0; n < cfg_.nodes && offered < target; ++n) {
+            if (!reclaimed_[n]) continue;
+            reclaimed_[n] = 0;
+            if (!down_[n]) pools_[0].activate(n);
+            ++offered;
+        }
     }
 }
 

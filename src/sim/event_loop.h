@@ -18,7 +18,7 @@ namespace apiary::sim {
 
 // Same-time events run in this order: devices come back before anything
 // asks for them, and arrivals come last so one pass sees them all.
-enum class EventKind { release, end, repair, fail, spot, arrive, eligible };
+enum class EventKind { release, end, repair, fail, spot, capacity, arrive, eligible };
 
 struct Event {
     double t;
@@ -76,6 +76,7 @@ class EventLoop {
     void fail_node(int node);
     void repair_node(int node);
     void spot_step();
+    void capacity_step(int i);  // cfg_.capacity[i] takes effect
     void kill_on_node(int node, bool failure);
     void record_series();
     double next_failure(int node);
@@ -85,7 +86,8 @@ class EventLoop {
     // scheduler.cc
     void enqueue(int j);
     void schedule();
-    bool pass();  // true when it preempted (another pass may start more)
+    bool pass();                       // true when it preempted (another pass may start more)
+    void pass_conservative(int pool);  // backfill with several reservations
     template <class Visit>
     void for_each_queued(int pool, Visit visit);  // in policy order until visit returns false
     void try_start(int j);
@@ -94,7 +96,12 @@ class EventLoop {
     bool preempt_for(int j);
     double hold_until(int j) const;  // carbon-aware start
     void settle(const std::string& account, double delta_devices);
+    void settle(Account& a, double delta_devices);
     double usage_per_share(const std::string& account);
+    const std::string& share_key(int j) const;  // whose usage a job adds to
+    double priority_of(int j) const;            // multifactor, with fs_factor_ of now
+    bool within_limits(int j) const;            // its user's and account's running jobs and nodes
+    void count_running(int j, int sign);
     void compact_queues();
 
     const std::vector<SimJob>& jobs_;
@@ -118,9 +125,34 @@ class EventLoop {
     // policy does not use them).
     using Queues = std::map<int, std::map<std::string, std::deque<QueueEntry>>, std::greater<int>>;
     Queues queues_[2];
-    std::vector<int> requeue_;  // interrupted during a pass, queued after it
+    std::vector<int> requeue_;               // interrupted during a pass, queued after it
+    std::vector<int> dep_;                   // the job each job waits for (-1: none)
+    std::vector<std::vector<int>> waiters_;  // jobs held until this one ends
     std::map<std::string, Account> accounts_;
     int tombstones_ = 0;
+    long long drain_ = 0;  // on-demand nodes still to leave as their jobs end
+    struct Use {
+        long long jobs = 0, nodes = 0;
+    };
+    std::map<std::string, Use> user_use_, account_use_;  // only with limits
+    // Multifactor: each job's fair-share key (an index into share_names_),
+    // the keys' normalised shares, and per pool the queue in priority order
+    // as last computed (at mf_t_) plus the jobs queued since.
+    struct Ranked {
+        double prio;
+        int job, token;
+    };
+    std::vector<int> share_idx_;
+    std::vector<std::string> share_names_;
+    std::vector<Account*> share_acct_;  // into accounts_ (a map: stable addresses)
+    std::vector<double> share_norm_, fs_factor_;
+    std::vector<Ranked> mf_order_[2];
+    std::vector<QueueEntry> mf_new_[2];
+    double mf_t_[2] = {-kNever, -kNever};
+    void rank(int pool);       // rank_all every PriorityCalcPeriod, else rank_new
+    void rank_all(int pool);   // recompute every queued job's priority
+    void rank_new(int pool);   // place the jobs queued since
+    void fairshare_factors();  // fs_factor_ of every key, now
     SeriesPoint last_point_;
 };
 

@@ -117,29 +117,46 @@ std::string summary_table(const std::vector<Summary>& rows) {
     return out;
 }
 
+namespace {
+
+// A CSV cell: quoted (quotes doubled) when it holds a comma, quote or line
+// break, or always when `always`.
+std::string csv_quote(const std::string& v, bool always = false) {
+    if (!always && v.find_first_of(",\"\r\n") == std::string::npos) return v;
+    std::string q = "\"";
+    for (char c : v) {
+        if (c == '"') q += '"';
+        q += c;
+    }
+    return q + "\"";
+}
+
+}  // namespace
+
 void write_jobs_csv(const std::vector<SimJob>& jobs, const std::vector<SimResult>& results,
                     std::ostream& out) {
     out << "id,policy,state,submit,eligible,start,end,wait_s,run_s,completion_s,restarts,"
            "preemptions,failures,device_hours,lost_device_hours,cost_usd,energy_kwh,co2_kg,"
-           "recorded_start,recorded_end,reason\n";
+           "recorded_start,recorded_end,recorded_wait_s,reason\n";
     for (const auto& r : results) {
         for (size_t j = 0; j < jobs.size(); ++j) {
             const auto& o = r.jobs[j];
             const auto& s = jobs[j].spec;
             const bool ran = o.start >= 0;
-            std::string reason = jobs[j].reject;
-            std::replace(reason.begin(), reason.end(), '"', '\'');
             auto opt = [](double v) { return v >= 0 ? fmt::format("{}", v) : std::string(); };
             out << fmt::format(
-                "{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{},{},"
-                "\"{}\"\n",
-                s.id, r.policy, job_state_name(o.state), s.submit, o.eligible,
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{:.6g},{:.6g},{:.6g},{:.6g},{:.6g},{},{},{}"
+                ","
+                "{}\n",
+                csv_quote(s.id), csv_quote(r.policy), job_state_name(o.state), s.submit, o.eligible,
                 ran ? fmt::format("{}", o.start) : "", o.end >= 0 ? fmt::format("{}", o.end) : "",
                 ran ? fmt::format("{}", o.start - s.submit) : "",
                 ran && o.end >= 0 ? fmt::format("{}", o.end - o.start) : "",
                 o.end >= 0 ? fmt::format("{}", o.end - s.submit) : "", o.restarts, o.preemptions,
                 o.failures, o.device_s / 3600, o.lost_device_s / 3600, o.cost_usd, o.energy_kwh,
-                o.co2_g / 1000, opt(s.recorded_start), opt(s.recorded_end), reason);
+                o.co2_g / 1000, opt(s.recorded_start), opt(s.recorded_end),
+                s.recorded_start >= 0 ? fmt::format("{}", s.recorded_start - s.submit) : "",
+                csv_quote(jobs[j].reject, true));
         }
     }
 }
@@ -172,6 +189,10 @@ nlohmann::json jobs_json(const std::vector<SimJob>& jobs, const SimResult& r) {
         if (o.start >= 0) x["start"] = o.start, x["wait_s"] = o.start - jobs[j].spec.submit;
         if (o.end >= 0) x["end"] = o.end, x["completion_s"] = o.end - jobs[j].spec.submit;
         if (!jobs[j].reject.empty()) x["reason"] = jobs[j].reject;
+        if (jobs[j].spec.recorded_start >= 0) {
+            x["recorded_start"] = jobs[j].spec.recorded_start;
+            x["recorded_wait_s"] = jobs[j].spec.recorded_start - jobs[j].spec.submit;
+        }
         a.push_back(std::move(x));
     }
     return a;
@@ -189,8 +210,61 @@ std::vector<size_t> order_by(const std::vector<size_t>& idx, const std::vector<d
 
 }  // namespace
 
-ReplayCheck check_replay(const std::vector<SimJob>& jobs, const SimResult& r) {
+namespace {
+
+std::vector<double> ranks(const std::vector<double>& v) {
+    std::vector<size_t> idx(v.size());
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    std::sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return v[a] < v[b]; });
+    std::vector<double> r(v.size());
+    for (size_t i = 0; i < idx.size();) {
+        size_t k = i;
+        while (k + 1 < idx.size() && v[idx[k + 1]] == v[idx[i]]) ++k;
+        const double mean_rank = 0.5 * double(i + k) + 1;  // ties share their mean rank
+        for (size_t m = i; m <= k; ++m) r[idx[m]] = mean_rank;
+        i = k + 1;
+    }
+    return r;
+}
+
+}  // namespace
+
+double spearman(const std::vector<double>& a, const std::vector<double>& b) {
+    if (a.size() != b.size() || a.size() < 2) return 0;
+    const auto ra = ranks(a), rb = ranks(b);
+    const double n = double(a.size());
+    double ma = 0, mb = 0;
+    for (size_t i = 0; i < ra.size(); ++i) ma += ra[i] / n, mb += rb[i] / n;
+    double sab = 0, saa = 0, sbb = 0;
+    for (size_t i = 0; i < ra.size(); ++i) {
+        sab += (ra[i] - ma) * (rb[i] - mb);
+        saa += (ra[i] - ma) * (ra[i] - ma);
+        sbb += (rb[i] - mb) * (rb[i] - mb);
+    }
+    return saa > 0 && sbb > 0 ? sab / std::sqrt(saa * sbb) : 0;
+}
+
+ReplayCheck check_replay(const std::vector<SimJob>& jobs, const SimResult& r, double from) {
     ReplayCheck c;
+    c.from = from;
+    std::vector<double> sim_w, rec_w;
+    for (size_t j = 0; j < jobs.size(); ++j) {
+        const auto& s = jobs[j].spec;
+        const auto& o = r.jobs[j];
+        if (s.recorded_start < 0 || o.start < 0 || s.submit < from) continue;
+        sim_w.push_back(o.start - s.submit);
+        rec_w.push_back(s.recorded_start - s.submit);
+    }
+    c.waits_compared = (long long)sim_w.size();
+    if (!sim_w.empty()) {
+        for (size_t i = 0; i < sim_w.size(); ++i) {
+            c.mean_wait_s += sim_w[i] / double(sim_w.size());
+            c.recorded_mean_wait_s += rec_w[i] / double(rec_w.size());
+        }
+        c.p90_wait_s = percentile(sim_w, 0.9);
+        c.recorded_p90_wait_s = percentile(rec_w, 0.9);
+        c.spearman_wait = spearman(sim_w, rec_w);
+    }
     std::vector<size_t> idx;
     std::vector<double> rs(jobs.size()), re(jobs.size()), ss(jobs.size()), se(jobs.size());
     double sum = 0;
@@ -214,7 +288,7 @@ ReplayCheck check_replay(const std::vector<SimJob>& jobs, const SimResult& r) {
             *same = false;
             if (c.first_difference.empty()) {
                 c.first_difference =
-                    fmt::format("{} #{}: Slurm has job {}, the simulator job {}", what, i + 1,
+                    fmt::format("{} #{}: the record has job {}, the simulator job {}", what, i + 1,
                                 jobs[a[i]].spec.id, jobs[b[i]].spec.id);
             }
             return;
@@ -231,7 +305,14 @@ nlohmann::json to_json(const ReplayCheck& c) {
                         {"max_end_err_s", c.max_end_err_s},
                         {"mean_abs_start_err_s", c.mean_abs_start_err_s},
                         {"same_start_order", c.same_start_order},
-                        {"same_end_order", c.same_end_order}};
+                        {"same_end_order", c.same_end_order},
+                        {"from_s", c.from},
+                        {"waits_compared", c.waits_compared},
+                        {"mean_wait_s", c.mean_wait_s},
+                        {"recorded_mean_wait_s", c.recorded_mean_wait_s},
+                        {"p90_wait_s", c.p90_wait_s},
+                        {"recorded_p90_wait_s", c.recorded_p90_wait_s},
+                        {"spearman_wait", c.spearman_wait}};
     if (!c.first_difference.empty()) j["first_difference"] = c.first_difference;
     return j;
 }

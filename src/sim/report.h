@@ -53,8 +53,18 @@ struct ReplayCheck {
     double max_start_err_s = 0, max_end_err_s = 0, mean_abs_start_err_s = 0;
     bool same_start_order = true, same_end_order = true;
     std::string first_difference;  // where the orders first differ, if they do
+    // Waits of the jobs submitted at or after `from` (the rest warm the
+    // queue up): simulated against recorded, and their Spearman rank
+    // correlation job by job (ties ranked by their mean).
+    double from = 0;
+    long long waits_compared = 0;
+    double mean_wait_s = 0, recorded_mean_wait_s = 0;
+    double p90_wait_s = 0, recorded_p90_wait_s = 0;
+    double spearman_wait = 0;
 };
-ReplayCheck check_replay(const std::vector<SimJob>& jobs, const SimResult& r);
+ReplayCheck check_replay(const std::vector<SimJob>& jobs, const SimResult& r, double from = 0);
+// Spearman's rank correlation of two equally long series (0 when either is constant).
+double spearman(const std::vector<double>& a, const std::vector<double>& b);
 nlohmann::json to_json(const ReplayCheck& c);
 
 }  // namespace apiary::sim

@@ -22,8 +22,13 @@ void EventLoop::enqueue(int j) {
     ++r.token;
     ++queued_;
     const JobSpec& s = jobs_[j].spec;
-    const int cls = policy_.order == Order::submit ? 0 : s.priority;
+    const bool classes = policy_.order == Order::priority || policy_.order == Order::fairshare;
+    const int cls = classes ? s.priority : 0;
     const std::string& acct = policy_.order == Order::fairshare ? s.account : kNoAccount;
+    if (policy_.order == Order::multifactor) {  // ranked at the next pass
+        mf_new_[r.pool].push_back(QueueEntry{j, r.token});
+        return;
+    }
     auto& q = queues_[r.pool][cls][acct];
     // Submit order, the trace's order breaking ties (Slurm's priority/basic
     // orders by submission too, and a requeued job keeps its place).
@@ -40,7 +45,10 @@ void EventLoop::enqueue(int j) {
 }
 
 void EventLoop::settle(const std::string& account, double delta_devices) {
-    Account& a = accounts_[account];
+    settle(accounts_[account], delta_devices);
+}
+
+void EventLoop::settle(Account& a, double delta_devices) {
     const double dt = now_ - a.t;
     if (cfg_.fairshare_half_life_s > 0) {
         // Usage decays with the half-life while running devices add to it:
@@ -113,7 +121,8 @@ void EventLoop::reserve(int j, double* shadow, long long* extra) {
     // The earliest time enough devices are back, by the running jobs' estimates.
     const int pool = run_[j].pool;
     const long long need = jobs_[j].spec.devices;
-    long long avail = pools_[pool].free();
+    // Nodes still to drain will not come back to the queue.
+    long long avail = pools_[pool].free() - (pool == 0 ? drain_ * cfg_.per_node : 0);
     for (const auto& [t, k] : running_[pool]) {
         avail += (long long)run_[k].slots.size();
         if (avail >= need) {
@@ -160,8 +169,133 @@ void EventLoop::try_start(int j) {
     start(j, std::move(slots));
 }
 
+const std::string& EventLoop::share_key(int j) const {
+    const JobSpec& s = jobs_[j].spec;
+    return policy_.order == Order::multifactor && !s.user.empty() ? s.user : s.account;
+}
+
+void EventLoop::count_running(int j, int sign) {
+    if (cfg_.limits.empty()) return;
+    const JobSpec& s = jobs_[j].spec;
+    const long long nodes = (s.devices + cfg_.per_node - 1) / cfg_.per_node;
+    for (auto* u : {&user_use_[s.user], &account_use_[s.account]}) {
+        u->jobs += sign;
+        u->nodes += sign * nodes;
+    }
+}
+
+bool EventLoop::within_limits(int j) const {
+    if (cfg_.limits.empty()) return true;
+    const JobSpec& s = jobs_[j].spec;
+    const long long nodes = (s.devices + cfg_.per_node - 1) / cfg_.per_node;
+    auto ok = [&](const std::map<std::string, Limit>& lim, const std::map<std::string, Use>& use,
+                  const std::string& name) {
+        auto l = lim.find(name);
+        if (l == lim.end()) l = lim.find("*");
+        if (l == lim.end()) return true;
+        const auto u = use.find(name);
+        const Use now = u == use.end() ? Use{} : u->second;
+        if (l->second.max_jobs >= 0 && now.jobs + 1 > l->second.max_jobs) return false;
+        return l->second.max_nodes < 0 || now.nodes + nodes <= l->second.max_nodes;
+    };
+    return ok(cfg_.limits.user, user_use_, s.user) &&
+           ok(cfg_.limits.account, account_use_, s.account);
+}
+
+void EventLoop::fairshare_factors() {
+    // Classic fair share: 2^(-normalised usage / normalised shares).
+    if (cfg_.weight_fairshare == 0 || policy_.wfp) return;  // not used
+    double total = 0;
+    for (Account* a : share_acct_) {
+        settle(*a, 0);
+        total += a->usage;
+    }
+    for (size_t i = 0; i < share_acct_.size(); ++i) {
+        const double u = total > 0 ? share_acct_[i]->usage / total : 0;
+        fs_factor_[i] = std::exp2(-u / share_norm_[i]);
+    }
+}
+
+double EventLoop::priority_of(int j) const {
+    // Slurm's priority/multifactor (slurm.conf PriorityWeight*, the
+    // "Multifactor Priority Plugin" page): each factor in [0, 1].
+    const JobSpec& s = jobs_[j].spec;
+    const double age = now_ - res_.jobs[j].eligible;
+    if (policy_.wfp) {
+        // Cobalt's WFP: (queued / requested walltime)^3 x nodes.
+        const double x = age / std::max(1.0, planned_run(j));
+        return x * x * x * double((s.devices + cfg_.per_node - 1) / cfg_.per_node);
+    }
+    const double age_f =
+        cfg_.priority_max_age_s > 0 ? std::min(1.0, age / cfg_.priority_max_age_s) : 1.0;
+    // Job size: the share of the cluster it asks for (PriorityFavorSmall=NO).
+    const double size_f = std::min(1.0, double(s.devices) / double(std::max(1LL, cfg_.devices())));
+    return cfg_.weight_age * age_f + cfg_.weight_size * size_f +
+           cfg_.weight_fairshare * fs_factor_[size_t(share_idx_[j])];
+}
+
+namespace {
+// Highest priority first, then submission, then the trace's order.
+template <class Jobs>
+auto ranked_before(const Jobs& jobs) {
+    return [&jobs](const auto& a, const auto& b) {
+        if (a.prio != b.prio) return a.prio > b.prio;
+        const double sa = jobs[a.job].spec.submit, sb = jobs[b.job].spec.submit;
+        return sa < sb || (sa == sb && a.job < b.job);
+    };
+}
+}  // namespace
+
+void EventLoop::rank_all(int pool) {
+    fairshare_factors();
+    std::vector<Ranked> next;
+    auto keep = [&](int j, int token) {
+        if (run_[j].state == RunState::queued && run_[j].token == token) {
+            next.push_back(Ranked{priority_of(j), j, token});
+        }
+    };
+    for (const Ranked& r : mf_order_[pool]) keep(r.job, r.token);
+    for (const QueueEntry& e : mf_new_[pool]) keep(e.job, e.token);
+    std::sort(next.begin(), next.end(), ranked_before(jobs_));
+    mf_order_[pool] = std::move(next);
+    mf_new_[pool].clear();
+    mf_t_[pool] = now_;
+}
+
+void EventLoop::rank_new(int pool) {
+    // A job queued between recalculations gets its priority when it is
+    // queued, as Slurm gives a new job its priority at submission.
+    if (mf_new_[pool].empty()) return;
+    fairshare_factors();
+    auto& v = mf_order_[pool];
+    const auto before = ranked_before(jobs_);
+    for (const QueueEntry& e : mf_new_[pool]) {
+        if (run_[e.job].state != RunState::queued || run_[e.job].token != e.token) continue;
+        const Ranked r{priority_of(e.job), e.job, e.token};
+        v.insert(std::upper_bound(v.begin(), v.end(), r, before), r);
+    }
+    mf_new_[pool].clear();
+}
+
+void EventLoop::rank(int pool) {
+    // Priorities as of the last recalculation (PriorityCalcPeriod).
+    if (now_ - mf_t_[pool] >= cfg_.priority_calc_period_s) {
+        rank_all(pool);
+    } else {
+        rank_new(pool);
+    }
+}
+
 template <class Visit>
 void EventLoop::for_each_queued(int pool, Visit visit) {
+    if (policy_.order == Order::multifactor) {
+        rank(pool);
+        for (const Ranked& r : mf_order_[pool]) {
+            if (run_[r.job].state != RunState::queued || run_[r.job].token != r.token) continue;
+            if (!visit(r.job)) return;
+        }
+        return;
+    }
     std::vector<std::pair<double, const std::string*>> order;
     for (auto& [cls, accounts] : queues_[pool]) {
         order.clear();
@@ -190,9 +324,132 @@ void EventLoop::for_each_queued(int pool, Visit visit) {
     }
 }
 
+namespace {
+
+// Free devices over time as the scheduler plans it: steps (t, free from t
+// until the next step), the last one for ever.
+struct FreeProfile {
+    std::vector<std::pair<double, long long>> steps;
+
+    // The earliest start >= steps[0].t at which `need` devices are free for `dur`.
+    double earliest(long long need, double dur) const {
+        size_t i = 0;
+        while (i < steps.size()) {
+            if (steps[i].second < need) {
+                ++i;
+                continue;
+            }
+            const double start = steps[i].first;
+            size_t k = i + 1;
+            while (k < steps.size() && steps[k].first < start + dur && steps[k].second >= need) ++k;
+            if (k == steps.size() || steps[k].first >= start + dur) return start;
+            i = k + 1;  // steps[k] is too low: no start before its end fits
+        }
+        return kNever;
+    }
+    // Whether `need` devices are free from the first step for `dur`.
+    bool fits_first(long long need, double dur) const {
+        const double end = steps[0].first + dur;
+        for (size_t k = 0; k < steps.size() && steps[k].first < end; ++k) {
+            if (steps[k].second < need) return false;
+        }
+        return true;
+    }
+    size_t split(double t) {  // index of the step starting at t (made if needed)
+        auto it = std::lower_bound(steps.begin(), steps.end(), t,
+                                   [](const auto& s, double x) { return s.first < x; });
+        if (it != steps.end() && it->first == t) return size_t(it - steps.begin());
+        const long long f = std::prev(it)->second;
+        const auto at = steps.insert(it, {t, f});  // before begin(): insert may reallocate
+        return size_t(at - steps.begin());
+    }
+    void take(long long need, double from, double to) {
+        const size_t a = split(from);
+        const size_t b = std::isfinite(to) ? split(to) : steps.size();
+        for (size_t i = a; i < b; ++i) steps[i].second -= need;
+    }
+};
+
+}  // namespace
+
+void EventLoop::pass_conservative(int pool) {
+    // Slurm's sched/backfill: the first bf_max_job_test jobs in order that
+    // cannot start now get reservations (within bf_window); any job may start
+    // now if it delays none of them (Mu'alem & Feitelson 2001, "conservative
+    // backfilling" when the depth covers the queue).
+    if (pools_[pool].free() <= 0) {                           // nothing can start: nothing to plan
+        if (policy_.order == Order::multifactor) rank(pool);  // new jobs ranked when queued
+        return;
+    }
+    FreeProfile p;  // made when a job that might start now needs it
+    auto make_profile = [&] {
+        if (!p.steps.empty()) return;
+        p.steps.emplace_back(now_, pools_[pool].free() - (pool == 0 ? drain_ * cfg_.per_node : 0));
+        for (const auto& [t, k] : running_[pool]) {
+            const long long n = (long long)run_[k].slots.size();
+            if (t <= now_ || p.steps.back().first == t) {
+                p.steps.back().second += n;
+            } else {
+                p.steps.emplace_back(t, p.steps.back().second + n);
+            }
+        }
+    };
+    // Reservations are planned only when a job that might start now needs
+    // them: most passes start nothing, and then none is computed.
+    int seen = 0, reserved = 0;
+    std::vector<int> unplanned;  // jobs owed a reservation, in order
+    auto plan = [&] {
+        make_profile();
+        for (int k : unplanned) {
+            const long long n = jobs_[k].spec.devices;
+            const double d = planned_run(k) + cfg_.latency_s;
+            const double at = p.earliest(n, d);
+            if (!std::isfinite(at) || at - now_ > cfg_.bf_window_s) continue;
+            p.take(n, at, at + d);
+            if (res_.jobs[k].reservation < 0) res_.jobs[k].reservation = at;
+        }
+        unplanned.clear();
+    };
+    for_each_queued(pool, [&](int j) {
+        if (++seen > cfg_.queue_depth) return false;
+        if (!within_limits(j)) return true;
+        const long long need = jobs_[j].spec.devices;
+        if (need > pools_[pool].free()) {  // cannot start now: it may reserve
+            if (reserved < cfg_.bf_max_job_test) {
+                unplanned.push_back(j);
+                ++reserved;
+            }
+            return pools_[pool].free() > 0;
+        }
+        plan();
+        const double dur = planned_run(j) + cfg_.latency_s;
+        if (p.fits_first(need, dur)) {
+            try_start(j);
+            p.take(need, now_, now_ + dur);
+            return true;
+        }
+        if (reserved >= cfg_.bf_max_job_test) return pools_[pool].free() > 0;
+        const double at = p.earliest(need, dur);
+        if (at <= now_) {
+            try_start(j);
+            p.take(need, now_, now_ + dur);
+        } else if (reserved < cfg_.bf_max_job_test && at - now_ <= cfg_.bf_window_s &&
+                   std::isfinite(at)) {
+            p.take(need, at, at + dur);
+            ++reserved;
+            if (res_.jobs[j].reservation < 0) res_.jobs[j].reservation = at;
+        }
+        return pools_[pool].free() > 0;
+    });
+}
+
 bool EventLoop::pass() {
     bool preempted = false;
     for (int pool = 0; pool < 2; ++pool) {
+        if (policy_.backfill && !policy_.preempt && cfg_.bf_max_job_test > 1) {
+            pass_conservative(pool);
+            continue;
+        }
         bool blocked = false;
         double shadow = kNever;
         long long extra = 0;
@@ -201,6 +458,9 @@ bool EventLoop::pass() {
             if (++seen > cfg_.queue_depth) return false;
             const long long need = jobs_[j].spec.devices;
             const long long free = pools_[pool].free();
+            // Held by its user's or account's limit: it waits, the others pass
+            // it (Slurm's AssocMaxJobsLimit / AssocGrpNodeLimit reasons).
+            if (!within_limits(j)) return true;
             if (blocked) {
                 // EASY: it may go now if it is back before the reservation,
                 // or fits in what the reserved job leaves spare.

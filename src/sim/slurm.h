@@ -24,9 +24,19 @@ struct SlurmConf {
     long long cpus_per_node = 0;    // of the first NodeName line
     long long gpus_per_node = 0;    // Gres=gpu:N
     long long bf_max_job_test = 0;  // 0: not set
+    double bf_window_s = -1;        // SchedulerParameters bf_window (minutes there); < 0: not set
+    // Multifactor priority (< 0: not set, the simulator's default applies).
+    std::string priority_type = "priority/basic";  // PriorityType (Slurm's default)
+    double weight_age = -1, weight_size = -1, weight_fairshare = -1;  // PriorityWeight*
+    double priority_max_age_s = -1;                                   // PriorityMaxAge
+    double decay_half_life_s = -1;                                    // PriorityDecayHalfLife
+    double calc_period_s = -1;                                        // PriorityCalcPeriod
     std::vector<std::string> notes;
 };
-SlurmConf read_slurm_conf(const std::string& path);
-SlurmConf parse_slurm_conf(const std::string& text, const std::string& source);
+// need_nodes: a file without NodeName lines is an error (the cluster's size
+// comes from it); false when only its scheduling keys are wanted.
+SlurmConf read_slurm_conf(const std::string& path, bool need_nodes = true);
+SlurmConf parse_slurm_conf(const std::string& text, const std::string& source,
+                           bool need_nodes = true);
 
 }  // namespace apiary::sim

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "core/error.h"
@@ -49,7 +50,21 @@ long long gres_gpus(const std::string& gres) {
 
 }  // namespace
 
-SlurmConf parse_slurm_conf(const std::string& text, const std::string& source) {
+namespace {
+
+// PriorityWeight*: a whole number >= 0 (Slurm takes 32-bit unsigned).
+double weight(const std::string& v, const std::string& where, const char* key) {
+    double x = 0;
+    if (!parse_double(v, &x) || x < 0 || x != std::floor(x) || x > 4294967295.0) {
+        throw ConfigError(
+            fmt::format("{}: {}={} is not a whole number 0-4294967295", where, key, printable(v)));
+    }
+    return x;
+}
+
+}  // namespace
+
+SlurmConf parse_slurm_conf(const std::string& text, const std::string& source, bool need_nodes) {
     SlurmConf c;
     std::map<std::string, std::string> defaults;  // NodeName=DEFAULT
     int line_no = 0;
@@ -61,10 +76,42 @@ SlurmConf parse_slurm_conf(const std::string& text, const std::string& source) {
         const std::string where = fmt::format("{}:{}", source, line_no);
         auto m = pairs(line);
         if (m.count("schedulertype")) c.scheduler = m["schedulertype"];
+        if (m.count("prioritytype")) c.priority_type = m["prioritytype"];
+        if (m.count("priorityweightage")) {
+            c.weight_age = weight(m["priorityweightage"], where, "PriorityWeightAge");
+        }
+        if (m.count("priorityweightjobsize")) {
+            c.weight_size = weight(m["priorityweightjobsize"], where, "PriorityWeightJobSize");
+        }
+        if (m.count("priorityweightfairshare")) {
+            c.weight_fairshare =
+                weight(m["priorityweightfairshare"], where, "PriorityWeightFairshare");
+        }
+        if (m.count("prioritymaxage")) {
+            c.priority_max_age_s =
+                parse_slurm_duration(m["prioritymaxage"], where + ": PriorityMaxAge");
+        }
+        if (m.count("prioritycalcperiod")) {
+            c.calc_period_s =
+                parse_slurm_duration(m["prioritycalcperiod"], where + ": PriorityCalcPeriod");
+        }
+        if (m.count("prioritydecayhalflife")) {
+            c.decay_half_life_s =
+                parse_slurm_duration(m["prioritydecayhalflife"], where + ": PriorityDecayHalfLife");
+        }
         if (m.count("schedulerparameters")) {
             for (const auto& p : split(m["schedulerparameters"], ',')) {
                 if (p.rfind("bf_max_job_test=", 0) == 0)
                     c.bf_max_job_test = std::atoll(p.c_str() + 16);
+                if (p.rfind("bf_window=", 0) == 0) {
+                    double m = 0;
+                    if (!parse_double(p.substr(10), &m) || m <= 0) {
+                        throw ConfigError(
+                            fmt::format("{}: SchedulerParameters bf_window={} is not minutes > 0",
+                                        where, printable(p.substr(10))));
+                    }
+                    c.bf_window_s = m * 60;
+                }
             }
         }
         if (!m.count("nodename")) continue;
@@ -89,7 +136,7 @@ SlurmConf parse_slurm_conf(const std::string& text, const std::string& source) {
         c.cpus_per_node = cpus;
         c.gpus_per_node = gpus;
     }
-    if (c.nodes == 0) {
+    if (c.nodes == 0 && need_nodes) {
         throw ConfigError(
             fmt::format("{}: no NodeName lines: which nodes does Slurm have?", source));
     }
@@ -98,11 +145,17 @@ SlurmConf parse_slurm_conf(const std::string& text, const std::string& source) {
             "{}: SchedulerType={} is not one the simulator models (sched/backfill, sched/builtin)",
             source, c.scheduler));
     }
+    if (c.priority_type != "priority/basic" && c.priority_type != "priority/multifactor") {
+        throw ConfigError(
+            fmt::format("{}: PriorityType={} is not one the simulator models (priority/basic, "
+                        "priority/multifactor)",
+                        source, c.priority_type));
+    }
     return c;
 }
 
-SlurmConf read_slurm_conf(const std::string& path) {
-    return parse_slurm_conf(read_text_file(path, "slurm.conf"), path);
+SlurmConf read_slurm_conf(const std::string& path, bool need_nodes) {
+    return parse_slurm_conf(read_text_file(path, "slurm.conf"), path, need_nodes);
 }
 
 }  // namespace apiary::sim

@@ -93,6 +93,10 @@ JobSpec job_of(const Record& r, const std::string& where, bool gpus) {
             throw DataError(
                 fmt::format("{}: job '{}': End {} is before Start {}", where, j.id, end, start));
         }
+        if (j.recorded_start < j.submit) {
+            throw DataError(fmt::format("{}: job '{}': field 'Start' {} is before its Submit",
+                                        where, j.id, start));
+        }
         j.runtime = j.recorded_end - j.recorded_start;
     }
     if (j.devices <= 0 && j.reject.empty()) {
@@ -131,6 +135,7 @@ Trace finish(std::vector<std::pair<Record, std::string>> rows, const std::string
             "{} earlier record(s) of requeued jobs replaced by their last record", superseded));
     }
     t.device_unit = gpus ? "gpus" : "cpus";
+    t.slurm = true;
     t.notes.push_back(fmt::format("devices are Slurm {} per job", gpus ? "GPUs" : "CPUs"));
     double origin = kNever;
     for (const auto& j : t.jobs) origin = std::min(origin, j.submit);

@@ -1,6 +1,7 @@
 #include "sim/text.h"
 
 #include <fmt/format.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <charconv>
@@ -14,7 +15,9 @@
 namespace apiary::sim {
 
 std::string cell_message(const Cell& c, const std::string& problem) {
-    return fmt::format("{}: field '{}': '{}' {}", c.where, c.field, c.text, problem);
+    // Bytes outside printable ASCII are shown escaped, never raw.
+    return fmt::format("{}: field '{}': '{}' {}", c.where, printable(c.field, 80),
+                       printable(c.text, 80), problem);
 }
 
 bool parse_double(const std::string& s, double* out) {
@@ -184,6 +187,78 @@ std::string read_text_file(const std::string& path, const char* what) {
         }
     }
     return text;
+}
+
+}  // namespace apiary::sim
+
+namespace apiary::sim {
+
+std::string printable(const std::string& s, size_t max_chars) {
+    std::string out;
+    for (size_t i = 0; i < s.size(); ++i) {
+        if (out.size() >= max_chars) {
+            out += "...";
+            break;
+        }
+        const unsigned char c = static_cast<unsigned char>(s[i]);
+        if (c >= 0x20 && c < 0x7f) {
+            out += char(c);
+        } else {
+            out += fmt::format("\\x{:02x}", c);
+        }
+    }
+    return out;
+}
+
+bool is_gzip(const std::string& data) {
+    return data.size() >= 2 && static_cast<unsigned char>(data[0]) == 0x1f &&
+           static_cast<unsigned char>(data[1]) == 0x8b;
+}
+
+std::string gunzip(const std::string& data, const std::string& path, const char* what) {
+    constexpr size_t kMaxBytes = size_t(1) << 30;
+    std::string out;
+    z_stream z{};
+    // 15 + 32: a zlib or gzip header, detected.
+    if (inflateInit2(&z, 15 + 32) != Z_OK) {
+        throw IoError(fmt::format("{}: '{}': zlib cannot start inflating", what, path));
+    }
+    z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+    z.avail_in = uInt(data.size());
+    std::vector<char> buf(size_t(1) << 16);
+    int rc = Z_OK;
+    auto lines = [&] { return std::count(out.begin(), out.end(), '\n') + 1; };
+    while (true) {
+        z.next_out = reinterpret_cast<Bytef*>(buf.data());
+        z.avail_out = uInt(buf.size());
+        rc = inflate(&z, Z_NO_FLUSH);
+        out.append(buf.data(), buf.size() - z.avail_out);
+        if (out.size() > kMaxBytes) {
+            inflateEnd(&z);
+            throw IoError(
+                fmt::format("{}: '{}' inflates to more than {} bytes", what, path, kMaxBytes));
+        }
+        if (rc == Z_STREAM_END) {
+            // Concatenated gzip members (as `cat a.gz b.gz` makes) are one file.
+            if (z.avail_in == 0) break;
+            inflateReset(&z);
+            continue;
+        }
+        if (rc == Z_OK) continue;
+        if (rc == Z_BUF_ERROR && z.avail_in == 0) {
+            inflateEnd(&z);
+            throw DataError(fmt::format(
+                "{}:{}: truncated gzip stream: the compressed data ends before the end of the "
+                "file it holds ({} bytes read, {} bytes of text recovered)",
+                path, lines(), data.size(), out.size()));
+        }
+        const std::string msg = z.msg ? z.msg : "error " + std::to_string(rc);
+        inflateEnd(&z);
+        throw DataError(fmt::format("{}:{}: corrupt gzip data ({}) after {} bytes of text", path,
+                                    lines(), msg, out.size()));
+    }
+    inflateEnd(&z);
+    return out;
 }
 
 }  // namespace apiary::sim

@@ -33,6 +33,15 @@ std::vector<std::string> split(const std::string& s, char sep);
 // The name in `names` closest to `name` by edit distance, "" when none is close.
 std::string closest(const std::string& name, const std::vector<std::string>& names);
 
+// A string fit for a message: bytes outside printable ASCII as \xNN, cut
+// after `max_chars` (binary garbage is never echoed raw).
+std::string printable(const std::string& s, size_t max_chars = 40);
+// gzip's magic bytes at the start of `data`.
+bool is_gzip(const std::string& data);
+// Inflates gzip (or zlib) data whole; a truncated or corrupt stream is a
+// DataError naming the path and the line it reached.
+std::string gunzip(const std::string& data, const std::string& path, const char* what);
+
 // Whole file as text; IoError naming `what` and the path when unreadable.
 std::string read_text_file(const std::string& path, const char* what);
 

@@ -97,6 +97,12 @@ const std::vector<Field>& fields() {
          [](JobSpec& j, const Cell& c) { j.recorded_start = nonneg(c, "seconds, >= 0"); }},
         {{"recorded_end", "when it ended there (s)"},
          [](JobSpec& j, const Cell& c) { j.recorded_end = nonneg(c, "seconds, >= 0"); }},
+        {{"user", "the submitting user, for multifactor fair share and --limits"},
+         [](JobSpec& j, const Cell& c) { j.user = c.text; }},
+        {{"after", "id of a job this one waits for: it starts only after that job ends"},
+         [](JobSpec& j, const Cell& c) { j.after = c.text; }},
+        {{"think_s", "with after: seconds after that job's end before this one is eligible"},
+         [](JobSpec& j, const Cell& c) { j.think_s = nonneg(c, "seconds, >= 0"); }},
     };
     return f;
 }
@@ -136,6 +142,14 @@ void finish_job(JobSpec& j, const std::set<std::string>& given, size_t ordinal) 
     if (j.deadline >= 0 && j.deadline < j.submit) {
         throw DataError(fmt::format("{}: job '{}': deadline {} is before its submit time {}",
                                     j.where, j.id, j.deadline, j.submit));
+    }
+    if (j.recorded_start >= 0 && j.recorded_start < j.submit) {
+        throw DataError(fmt::format("{}: job '{}': recorded_start {} is before its submit time {}",
+                                    j.where, j.id, j.recorded_start, j.submit));
+    }
+    if (!j.after.empty() && j.after == j.id) {
+        throw DataError(
+            fmt::format("{}: job '{}': field 'after' names the job itself", j.where, j.id));
     }
     if (j.recorded_start >= 0 && j.recorded_end >= 0 && j.recorded_end < j.recorded_start) {
         throw DataError(fmt::format("{}: job '{}': recorded_end {} is before recorded_start {}",
@@ -251,10 +265,20 @@ TraceFormat detect(const std::string& text) {
     if (first == std::string::npos) return TraceFormat::csv;
     if (text[first] == '{' || text[first] == '[') return TraceFormat::json;
     if (text.compare(first, 6, "JobId=") == 0) return TraceFormat::jobcomp;
+    if (text[first] == ';') return TraceFormat::swf;  // the archive's header
     const std::string line = text.substr(first, text.find('\n', first) - first);
     if (line.find('|') != std::string::npos && line.find("JobID") != std::string::npos) {
         return TraceFormat::sacct;
     }
+    // An SWF job line without a header: 18 whitespace-separated numbers.
+    std::istringstream words(line);
+    int n = 0;
+    bool numbers = true;
+    for (std::string w; words >> w; ++n) {
+        double v = 0;
+        numbers &= parse_double(w, &v);
+    }
+    if (numbers && n == 18) return TraceFormat::swf;
     return TraceFormat::csv;
 }
 
@@ -266,8 +290,9 @@ TraceFormat parse_trace_format(const std::string& name) {
     if (name == "json") return TraceFormat::json;
     if (name == "sacct") return TraceFormat::sacct;
     if (name == "jobcomp") return TraceFormat::jobcomp;
+    if (name == "swf") return TraceFormat::swf;
     throw ConfigError(fmt::format(
-        "--trace-format: unknown format '{}' (known: auto, csv, json, sacct, jobcomp)", name));
+        "--trace-format: unknown format '{}' (known: auto, csv, json, sacct, jobcomp, swf)", name));
 }
 
 SlurmDevices parse_slurm_devices(const std::string& name) {
@@ -289,6 +314,14 @@ const std::vector<TraceField>& trace_fields() {
 
 Trace parse_trace(const std::string& text, const std::string& source, TraceFormat format,
                   SlurmDevices devices) {
+    ReadOptions opt;
+    opt.devices = devices;
+    return parse_trace(text, source, format, opt);
+}
+
+Trace parse_trace(const std::string& text, const std::string& source, TraceFormat format,
+                  const ReadOptions& opt) {
+    const SlurmDevices devices = opt.devices;
     if (format == TraceFormat::automatic) format = detect(text);
     Trace t;
     switch (format) {
@@ -304,6 +337,9 @@ Trace parse_trace(const std::string& text, const std::string& source, TraceForma
         case TraceFormat::jobcomp:
             t = parse_jobcomp(text, source, devices);
             break;
+        case TraceFormat::swf:
+            t = parse_swf(text, source, opt.procs_per_node);
+            break;
         case TraceFormat::automatic:
             break;
     }
@@ -312,7 +348,15 @@ Trace parse_trace(const std::string& text, const std::string& source, TraceForma
 }
 
 Trace read_trace(const std::string& path, TraceFormat format, SlurmDevices devices) {
-    return parse_trace(read_text_file(path, "trace"), path, format, devices);
+    ReadOptions opt;
+    opt.devices = devices;
+    return read_trace(path, format, opt);
+}
+
+Trace read_trace(const std::string& path, TraceFormat format, const ReadOptions& opt) {
+    std::string text = read_text_file(path, "trace");
+    if (is_gzip(text)) text = gunzip(text, path, "trace");
+    return parse_trace(text, path, format, opt);
 }
 
 double record_latency_s(const Trace& trace) {

@@ -24,6 +24,7 @@ struct JobSpec {
     double time_limit = -1;  // the user's estimate, which backfill plans with; < 0: runtime
     int priority = 0;        // class: higher classes first in the priority queues
     std::string account = "default";
+    std::string user;       // the submitting user (SWF field 12), for fair share and limits
     bool spot = false;      // runs on spot capacity, at the spot price
     bool flexible = false;  // its start may be moved to low-carbon hours
     double deadline = -1;   // latest completion for a flexible job (absolute, s)
@@ -37,6 +38,11 @@ struct JobSpec {
     // What a real scheduler did with it (Slurm records), for comparison.
     double recorded_start = -1, recorded_end = -1;
     std::string state;
+    // A dependency: the job is not eligible before job `after` (an id in the
+    // same trace) has ended and `think_s` more seconds have passed (SWF
+    // fields 17 and 18).
+    std::string after;
+    double think_s = 0;
     std::string reject;  // set by a reader when the record cannot be replayed
 };
 
@@ -45,20 +51,39 @@ struct Trace {
     std::vector<JobSpec> jobs;
     std::vector<std::string> notes;  // rows skipped on purpose, and why
     double origin_epoch = 0;         // Slurm records: the Unix time of t = 0
-    std::string device_unit;         // Slurm records: "cpus" or "gpus" per job
+    std::string device_unit;         // Slurm records: "cpus" or "gpus"; SWF: "nodes"
+    long long max_nodes = 0;         // SWF header: MaxNodes (or MaxProcs / procs per node)
+    bool slurm = false;              // a Slurm record (its reaction time can be measured)
 };
 
-enum class TraceFormat { automatic, csv, json, sacct, jobcomp };
+enum class TraceFormat { automatic, csv, json, sacct, jobcomp, swf };
 TraceFormat parse_trace_format(const std::string& name);  // throws ConfigError
 
 // How a Slurm record's size becomes a device count.
 enum class SlurmDevices { automatic, cpus, gpus };
 SlurmDevices parse_slurm_devices(const std::string& name);
 
+// Options of the readers that only some formats use.
+struct ReadOptions {
+    SlurmDevices devices = SlurmDevices::automatic;
+    long long procs_per_node = 1;  // SWF: processors per node (a job's nodes = ceil(procs / this))
+};
+
+// A file, gzip-compressed or not (by its first bytes), is read whole.
 Trace read_trace(const std::string& path, TraceFormat format = TraceFormat::automatic,
                  SlurmDevices devices = SlurmDevices::automatic);
+Trace read_trace(const std::string& path, TraceFormat format, const ReadOptions& opt);
 Trace parse_trace(const std::string& text, const std::string& source, TraceFormat format,
                   SlurmDevices devices = SlurmDevices::automatic);
+Trace parse_trace(const std::string& text, const std::string& source, TraceFormat format,
+                  const ReadOptions& opt);
+
+// The Standard Workload Format of the Parallel Workloads Archive (swf.cc):
+// 18 whitespace-separated fields a job, ';' header lines (MaxNodes,
+// MaxProcs, UnixStartTime), -1 for unknown. Jobs that cannot be replayed
+// (zero or unknown run time, cancelled before they started) are counted in
+// Trace::notes and left out.
+Trace parse_swf(const std::string& text, const std::string& source, long long procs_per_node);
 
 // Slurm's own records (slurm_trace.cc).
 Trace parse_sacct(const std::string& text, const std::string& source, SlurmDevices devices);

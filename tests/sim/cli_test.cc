@@ -76,7 +76,7 @@ TEST(SimCli, SyntheticTraceThroughThePolicies) {
     EXPECT_EQ(csv.substr(0, csv.find('\n')),
               "id,policy,state,submit,eligible,start,end,wait_s,run_s,completion_s,restarts,"
               "preemptions,failures,device_hours,lost_device_hours,cost_usd,energy_kwh,co2_kg,"
-              "recorded_start,recorded_end,reason");
+              "recorded_start,recorded_end,recorded_wait_s,reason");
     EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 4 * 300);
 }
 
@@ -133,6 +133,109 @@ TEST(SimCli, ReplaysARecordedSlurmLog) {
                         data("backfill.conf") + " --policies fifo --json"));
     j = nlohmann::json::parse(r.output);
     EXPECT_FALSE(j["replay"]["fifo"]["same_start_order"].get<bool>());
+}
+
+// An SWF log, plain and gzipped: the header sizes the cluster, skipped jobs
+// are counted, FIFO reproduces its recorded waits job by job, and the
+// capacity a log implies is written out.
+TEST(SimCli, ReplaysAnSwfLog) {
+    TempDir d;
+    ASSERT_EQ(run_command("gzip -c " + data("small.swf") + " > " + d / "small.swf.gz").exit_code,
+              0);
+    for (const std::string& f : {data("small.swf"), d / "small.swf.gz"}) {
+        auto r = run_command(sim("cluster --trace " + f + " --policies fifo,multifactor --json " +
+                                 "--jobs-out " + d / "jobs.csv"));
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        const auto j = nlohmann::json::parse(r.output);
+        EXPECT_EQ(j["cluster"]["nodes"], 4);
+        EXPECT_EQ(j["trace"]["jobs"], 4);
+        const std::string notes = j["trace"]["notes"].dump();
+        EXPECT_NE(notes.find("1 jobs with a run time of 0 skipped"), std::string::npos) << notes;
+        EXPECT_NE(notes.find("1 jobs cancelled before they started skipped"), std::string::npos);
+        const std::string csv = slurp(d / "jobs.csv");
+        std::istringstream in(csv);
+        std::string line;
+        std::getline(in, line);
+        int fifo_rows = 0;
+        while (std::getline(in, line)) {
+            std::vector<std::string> c;
+            std::stringstream ss(line);
+            for (std::string x; std::getline(ss, x, ',');) c.push_back(x);
+            ASSERT_GE(c.size(), 21u) << line;
+            if (c[1] != "fifo") continue;
+            ++fifo_rows;
+            EXPECT_EQ(c[7], c[20]) << "wait_s against recorded_wait_s: " << line;
+        }
+        EXPECT_EQ(fifo_rows, 4);
+    }
+    // Job 6 waits 10 s with 4 nodes free (its think time): an outage once
+    // gaps of 3.6 s count, none at the default 2 h.
+    auto r = run_command(sim("cluster --trace " + data("small.swf") +
+                             " --policies fifo --capacity implied --implied-gap-hours 0.001 "
+                             "--capacity-out " +
+                             d / "cap.csv"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(slurp(d / "cap.csv"), "time,available_nodes\n0,4\n160,0\n170,4\n");
+    EXPECT_NE(r.output.find("implied by the log: 1 outages"), std::string::npos) << r.output;
+    r = run_command(sim("cluster --trace " + data("small.swf") +
+                        " --policies fifo --capacity implied --capacity-out " + d / "cap.csv"));
+    EXPECT_EQ(slurp(d / "cap.csv"), "time,available_nodes\n0,4\n");
+    // A capacity file: 2 nodes from t = 0, so job 1 (4 nodes) can never start.
+    std::ofstream(d / "two.csv") << "time,available_nodes\n0,2\n500,4\n";
+    r = run_command(sim("cluster --trace " + data("small.swf") + " --policies fifo --capacity " +
+                        d / "two.csv" + " --json"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_GT(nlohmann::json::parse(r.output)["policies"][0]["mean_wait_s"].get<double>(), 400);
+}
+
+TEST(SimCli, SwfCapacityAndPriorityErrorsNameWhatAndWhere) {
+    TempDir d;
+    std::ofstream(d / "bad.swf") << "; MaxNodes: 4\n1 0 0 10 8 -1 -1 1 -1 -1 1 1 1 -1 -1 -1 -1\n";
+    auto r = run_command(sim("cluster --trace " + d / "bad.swf"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find(d / "bad.swf" + ":2: 17 fields"), std::string::npos) << r.output;
+    r = run_command(
+        sim("cluster --trace " + data("small.swf") + " --priority-weights age=1000,sise=3"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find("--priority-weights: unknown factor 'sise'"), std::string::npos)
+        << r.output;
+    r = run_command(sim("cluster --trace " + data("small.swf") + " --priority-weights age=-1"));
+    EXPECT_NE(r.output.find("--priority-weights: 'age=-1' is not factor=weight"), std::string::npos)
+        << r.output;
+    std::ofstream(d / "cap.csv") << "time,available_nodes\n0,4\n10,many\n";
+    r = run_command(sim("cluster --trace " + data("small.swf") + " --capacity " + d / "cap.csv"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find(d / "cap.csv" + ":3: field 'available_nodes': 'many'"),
+              std::string::npos)
+        << r.output;
+    std::ofstream(d / "nowait.swf") << "1 0 -1 10 1 -1 -1 1 -1 -1 1 1 1 -1 -1 -1 -1 -1\n";
+    r = run_command(sim("cluster --trace " + d / "nowait.swf" + " --gpus 4 --capacity implied"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find("--capacity implied: " + d / "nowait.swf" + " records no starts"),
+              std::string::npos)
+        << r.output;
+    std::ofstream(d / "lim.csv") << "kind,name,max_running_jobs,max_nodes\nuser,7,two,\n";
+    r = run_command(sim("cluster --trace " + data("small.swf") + " --limits " + d / "lim.csv"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find(d / "lim.csv" + ":2: field 'max_running_jobs': 'two'"),
+              std::string::npos)
+        << r.output;
+    r = run_command(sim("cluster --trace " + data("small.swf") + " --bf-max-job-test 0"));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("--bf-max-job-test"), std::string::npos) << r.output;
+    // Limits and reservation depth through the binary: user 1 may run one
+    // job at a time, so job 3 (user 1) waits for job 1 as it did anyway.
+    std::ofstream(d / "one.csv") << "kind,name,max_running_jobs,max_nodes\nuser,1,1,\n";
+    r = run_command(sim("cluster --trace " + data("small.swf") + " --limits " + d / "one.csv" +
+                        " --policies multifactor,wfp --bf-max-job-test 5 --json"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(nlohmann::json::parse(r.output)["policies"].size(), 2u);
+    std::ofstream(d / "prio.conf") << "PriorityType=priority/multifactor\nPriorityWeightAge=x\n";
+    r = run_command(
+        sim("cluster --trace " + data("small.swf") + " --slurm-conf " + d / "prio.conf"));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find(d / "prio.conf" + ":2: PriorityWeightAge=x"), std::string::npos)
+        << r.output;
 }
 
 // Jobs given as a model and a layout: the planner times them, and one

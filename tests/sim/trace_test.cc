@@ -66,11 +66,13 @@ TEST(SimTrace, CsvAndJsonReadTheSameJobs) {
 
 TEST(SimTrace, BadTracesNameTheLineAndField) {
     const std::string head = "id,submit,devices,runtime\n";
-    EXPECT_EQ(error_of([&] { csv("id,submit,devices,runtim\n"); }),
-              "t.csv:1: unknown field 'runtim', did you mean 'runtime'? (known: id, submit, "
-              "devices, runtime, time_limit, priority, account, spot, flexible, deadline, model, "
-              "tp, pp, zero, micro_batch, global_batch, seq_len, precision, recompute, steps, "
-              "tokens, checkpoint_s, checkpoint_interval_s, recorded_start, recorded_end)");
+    EXPECT_EQ(
+        error_of([&] { csv("id,submit,devices,runtim\n"); }),
+        "t.csv:1: unknown field 'runtim', did you mean 'runtime'? (known: id, submit, "
+        "devices, runtime, time_limit, priority, account, spot, flexible, deadline, model, "
+        "tp, pp, zero, micro_batch, global_batch, seq_len, precision, recompute, steps, "
+        "tokens, checkpoint_s, checkpoint_interval_s, recorded_start, recorded_end, user, after, "
+        "think_s)");
     EXPECT_EQ(error_of([&] { csv(head + "a,-5,1,10\n"); }),
               "t.csv:2: field 'submit': '-5' is negative (seconds, >= 0)");
     EXPECT_EQ(error_of([&] { csv(head + "a,,1,10\n"); }),

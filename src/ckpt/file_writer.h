@@ -45,9 +45,10 @@ FileDigest write_file_atomically(const std::string& path, const FileParts& parts
 // started (sync_file_range WRITE); the previous window is then waited for
 // (WAIT_BEFORE | WRITE | WAIT_AFTER) and dropped (POSIX_FADV_DONTNEED).
 // Where the filesystem does not support sync_file_range (EINVAL, ENOSYS,
-// ESPIPE, EOPNOTSUPP: tmpfs and some network filesystems) it goes on with
-// plain writes; any other failure throws IoError naming the file. The
-// caller still fsyncs: the last two windows may be dirty.
+// ESPIPE, EOPNOTSUPP) it goes on with plain writes; any other failure
+// throws IoError naming the file. (tmpfs accepts both calls and does
+// nothing: its pages are the file.) The caller still fsyncs: the last two
+// windows may be dirty.
 class WindowedWriter {
   public:
     // `fd`: open for writing at offset 0, owned by the caller. `path` names

@@ -125,9 +125,10 @@ void WindowedWriter::window_done() {
                 supported_ = windowed_ = false;
                 return;
             }
-            throw IoError(fmt::format("{}: sync_file_range (starting writeback of bytes {}-{}) "
-                                      "failed: {}",
-                                      path_, start, start + window_, std::strerror(errno)));
+            throw IoError(
+                fmt::format("{}: sync_file_range (starting writeback of bytes {}-{}) "
+                            "failed: {}",
+                            path_, start, start + window_, std::strerror(errno)));
         }
     }
     windowed_ = true;
@@ -139,10 +140,10 @@ void WindowedWriter::window_done() {
         if (::sync_file_range(fd_, prev, off_t(window_),
                               SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
                                   SYNC_FILE_RANGE_WAIT_AFTER) != 0) {
-            throw IoError(fmt::format("{}: sync_file_range (waiting for writeback of bytes "
-                                      "{}-{}) failed: {}",
-                                      path_, prev, uint64_t(prev) + window_,
-                                      std::strerror(errno)));
+            throw IoError(
+                fmt::format("{}: sync_file_range (waiting for writeback of bytes "
+                            "{}-{}) failed: {}",
+                            path_, prev, uint64_t(prev) + window_, std::strerror(errno)));
         }
         // Advice: a refusal leaves the pages cached, which costs memory,
         // not correctness.

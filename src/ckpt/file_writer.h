@@ -37,8 +37,7 @@ inline constexpr size_t kWriteWindow = size_t(64) << 20;
 // small). Throws IoError naming the file and the call that failed; the
 // temporary file is removed then and a file already at `path` is untouched.
 FileDigest write_file_atomically(const std::string& path, const FileParts& parts,
-                                 size_t hash_parts_from = SIZE_MAX,
-                                 size_t window = kWriteWindow);
+                                 size_t hash_parts_from = SIZE_MAX, size_t window = kWriteWindow);
 
 // Sequential writes to an open file that keep at most two `window`-byte
 // windows of it in the page cache. When a window is full its writeback is
@@ -70,8 +69,8 @@ class WindowedWriter {
     std::string path_;
     size_t window_;
     uint64_t bytes_ = 0;
-    uint64_t window_start_ = 0;      // offset of the window being written
-    int64_t in_writeback_ = -1;      // offset of the window whose writeback was started
+    uint64_t window_start_ = 0;  // offset of the window being written
+    int64_t in_writeback_ = -1;  // offset of the window whose writeback was started
     bool supported_ = true, windowed_ = false;
 };
 
@@ -81,13 +80,13 @@ class WindowedWriter {
 // the writer then waited for it); the other phases are on the writing
 // thread and add up to total_s with it. `apiary bench ckpt` prints them.
 struct WriteTimes {
-    double total_s = 0;        // in write_file_atomically, all told
-    double write_s = 0;        // write system calls (the copy into the page cache)
-    double hash_s = 0;         // xxh64 of the file and of its parts (own thread when large)
-    double hash_wait_s = 0;    // the writer waiting for the hashing thread after its writes
-    double writeback_s = 0;    // starting a window's writeback (sync_file_range WRITE)
-    double wait_drop_s = 0;    // waiting for the previous window's writeback, and dropping it
-    double sync_s = 0;         // fsync of the file, rename, fsync of the directory
+    double total_s = 0;      // in write_file_atomically, all told
+    double write_s = 0;      // write system calls (the copy into the page cache)
+    double hash_s = 0;       // xxh64 of the file and of its parts (own thread when large)
+    double hash_wait_s = 0;  // the writer waiting for the hashing thread after its writes
+    double writeback_s = 0;  // starting a window's writeback (sync_file_range WRITE)
+    double wait_drop_s = 0;  // waiting for the previous window's writeback, and dropping it
+    double sync_s = 0;       // fsync of the file, rename, fsync of the directory
     int64_t bytes = 0, files = 0;
     int64_t windowed_files = 0;  // of them, written through WindowedWriter's windows
 };

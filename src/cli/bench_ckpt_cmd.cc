@@ -18,8 +18,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "cli/bench_comm.h"
 #include "ckpt/file_writer.h"
+#include "cli/bench_comm.h"
 #include "cli/command.h"
 #include "core/error.h"
 #include "core/model_spec.h"
@@ -150,8 +150,8 @@ void bench_ckpt(const CkptArgs& a) {
     auto dd = [&] {
         const fs::path out = root / fmt::format("dd-{}.bin", dd_runs++);
         timed("sync");
-        const double s = timed(fmt::format("dd if={} of={} bs=1M conv=fsync", dd_in.string(),
-                                           out.string()));
+        const double s =
+            timed(fmt::format("dd if={} of={} bs=1M conv=fsync", dd_in.string(), out.string()));
         APIARY_CHECK(fs::file_size(out) == bytes, "bench ckpt: dd wrote {} bytes of {}",
                      fs::file_size(out), bytes);
         fs::remove(out);
@@ -163,8 +163,8 @@ void bench_ckpt(const CkptArgs& a) {
         timed("sync");
         ckpt::reset_write_times();
         const auto t_save = Clock::now();
-        saved = train::save_checkpoint(*engine, (root / fmt::format("run-{}", r)).string(), 1,
-                                       meta);
+        saved =
+            train::save_checkpoint(*engine, (root / fmt::format("run-{}", r)).string(), 1, meta);
         SaveRep rep;
         rep.save_s = since(t_save);
         rep.wt = ckpt::write_times();
@@ -185,8 +185,9 @@ void bench_ckpt(const CkptArgs& a) {
     const auto t_load = Clock::now();
     // As a resume reads it: the cheap checks up front, each chunk's checksum
     // as it is read (open_checkpoint would also hash every file first).
-    train::load_checkpoint(*engine, train::latest_checkpoint(
-                                        (root / fmt::format("run-{}", a.reps - 1)).string(), false));
+    train::load_checkpoint(
+        *engine,
+        train::latest_checkpoint((root / fmt::format("run-{}", a.reps - 1)).string(), false));
     const double load_s = since(t_load);
     const fs::path dd_read = fs::path(saved) / "rank_00000.safetensors";
     const uint64_t read_bytes = fs::file_size(dd_read);
@@ -280,10 +281,11 @@ void bench_ckpt(const CkptArgs& a) {
     fmt::print("bench ckpt: {} ({:.2f} GB of parameters and AdamW state) in {}\n", a.preset, gb,
                root.parent_path().string());
     for (size_t r = 0; r < reps.size(); ++r) {
-        fmt::print("  save {}: {:.2f} s, {:.2f} GB/s; dd conv=fsync (mean of the runs around it) "
-                   "{:.2f} s, {:.2f} GB/s: {:.0f}% of dd\n",
-                   r + 1, reps[r].save_s, gb / reps[r].save_s, reps[r].dd_s, gb / reps[r].dd_s,
-                   100 * ratios[r]);
+        fmt::print(
+            "  save {}: {:.2f} s, {:.2f} GB/s; dd conv=fsync (mean of the runs around it) "
+            "{:.2f} s, {:.2f} GB/s: {:.0f}% of dd\n",
+            r + 1, reps[r].save_s, gb / reps[r].save_s, reps[r].dd_s, gb / reps[r].dd_s,
+            100 * ratios[r]);
     }
     fmt::print("  save {:.2f} GB/s, dd conv=fsync {:.2f} GB/s: {:.0f}% of dd (the median of {})\n",
                out["save_gb_per_s"].get<double>(), out["dd_write_gb_per_s"].get<double>(),

@@ -21,6 +21,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.h"
@@ -92,15 +93,15 @@ class FileWriter : public ::testing::TestWithParam<const char*> {
 };
 
 TEST_P(FileWriter, ContentIsByteExactAroundWindowEnds) {
-    for (const size_t n : {size_t(0), size_t(1), kWindow - 1, kWindow, kWindow + 1,
-                           5 * kWindow + 4097}) {
+    for (const size_t n :
+         {size_t(0), size_t(1), kWindow - 1, kWindow, kWindow + 1, 5 * kWindow + 4097}) {
         SCOPED_TRACE("file of " + std::to_string(n) + " bytes");
         const std::vector<char> bytes = pattern(n, uint32_t(n));
         // Three parts whose ends fall anywhere against the windows: a
         // third, a window's worth less 3 (when there is room), the rest.
         const size_t a = n / 3, b = std::min(n - a, kWindow - 3);
-        const FileParts parts = {{bytes.data(), a}, {bytes.data() + a, b},
-                                 {bytes.data() + a + b, n - a - b}};
+        const FileParts parts = {
+            {bytes.data(), a}, {bytes.data() + a, b}, {bytes.data() + a + b, n - a - b}};
         const fs::path path = dir_ / "shard.safetensors";
         const FileDigest d = write_file_atomically(path.string(), parts, 1, kWindow);
         EXPECT_EQ(read_all(path), bytes);
@@ -116,10 +117,8 @@ TEST_P(FileWriter, ContentIsByteExactAroundWindowEnds) {
 TEST_P(FileWriter, ReplacesAnEarlierFile) {
     const fs::path path = dir_ / "latest";
     const std::vector<char> old_bytes = pattern(3 * kWindow, 1), new_bytes = pattern(7, 2);
-    write_file_atomically(path.string(), {{old_bytes.data(), old_bytes.size()}}, SIZE_MAX,
-                          kWindow);
-    write_file_atomically(path.string(), {{new_bytes.data(), new_bytes.size()}}, SIZE_MAX,
-                          kWindow);
+    write_file_atomically(path.string(), {{old_bytes.data(), old_bytes.size()}}, SIZE_MAX, kWindow);
+    write_file_atomically(path.string(), {{new_bytes.data(), new_bytes.size()}}, SIZE_MAX, kWindow);
     EXPECT_EQ(read_all(path), new_bytes);
 }
 
@@ -158,8 +157,7 @@ TEST_P(FileWriter, KeepsAtMostTwoWindowsInThePageCache) {
 TEST_P(FileWriter, AFailedWriteNamesTheFileAndLeavesThePreviousOne) {
     const fs::path path = dir_ / "rank_00000.safetensors";
     const std::vector<char> old_bytes = pattern(1000, 4), new_bytes = pattern(6 * kWindow, 5);
-    write_file_atomically(path.string(), {{old_bytes.data(), old_bytes.size()}}, SIZE_MAX,
-                          kWindow);
+    write_file_atomically(path.string(), {{old_bytes.data(), old_bytes.size()}}, SIZE_MAX, kWindow);
     rlimit saved{};
     ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
     rlimit small = saved;
@@ -211,6 +209,28 @@ TEST(WindowedWriter, SmallWritesAcrossWindowEnds) {
     ::close(fd);
     EXPECT_EQ(read_all(path), bytes);
     fs::remove(path);
+}
+
+// Where sync_file_range is refused (a pipe answers ESPIPE, as a filesystem
+// without writeback answers EINVAL) the writer goes on with plain writes.
+TEST(WindowedWriter, GoesOnWithoutWindowsWhereSyncFileRangeIsRefused) {
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    const size_t window = size_t(::sysconf(_SC_PAGESIZE));
+    const std::vector<char> bytes = pattern(5 * window + 3, 7);
+    std::vector<char> got;
+    std::thread reader([&] {
+        char buf[4096];
+        for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;)
+            got.insert(got.end(), buf, buf + n);
+    });
+    WindowedWriter w(fds[1], "a pipe", window);
+    w.write(bytes.data(), bytes.size());
+    ::close(fds[1]);
+    reader.join();
+    ::close(fds[0]);
+    EXPECT_FALSE(w.windowed());
+    EXPECT_EQ(got, bytes);
 }
 
 }  // namespace

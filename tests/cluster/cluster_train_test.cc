@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -164,6 +165,68 @@ TEST_F(ClusterTraining, TensorInsideHostsPipelineAcrossMatchesOneRank) {
     // The mesh's default axis order (tp fastest) puts each tensor-parallel
     // pair on one host; the two pipeline stages are the two hosts.
     check_layout("tp2_pp2", 1, "--set parallel.tp=2 --set parallel.pp=2");
+}
+
+// Link faults that TCP rides out: the run must end exactly as the clean run
+// on the same layout does (the same reductions in the same order, so the
+// same losses bit for bit), only later.
+std::string fault_args(const std::string& extra) {
+    return "--set parallel.dp=4 --set train.steps=12 --set train.eval_every=100000 " + extra;
+}
+
+int steps_logged(const fs::path& run_dir) {
+    int n = 0;
+    for (const auto& line : read_lines((run_dir / "metrics.jsonl").string())) {
+        n += line.find("\"loss\"") != std::string::npos;
+    }
+    return n;
+}
+
+TEST_F(ClusterTraining, ShortLinkFlapUnderTheTimeoutLeavesTheRunAsIfNothingHappened) {
+    const std::string train = args(4, fault_args("--set comm.timeout_s=60"));
+    auto r = run_on_cluster("clean", train);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const fs::path run_dir = dir_ / "flap";
+    Background job(fmt::format("bash {} mpirun -n 4 {} train --set run.dir={} {}", kCluster,
+                               apiary_bin(), run_dir.string(), train),
+                   (dir_ / "flap.out").string());
+    ASSERT_TRUE(wait_until([&] { return steps_logged(run_dir) >= 3; }, 300)) << job.output();
+    // h2's link down for 5 s, well under comm.timeout_s: TCP retransmits.
+    r = run_command("bash " + kCluster + " link h2 down");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const int at_down = steps_logged(run_dir);
+    ::sleep(5);
+    // Nothing crosses a link that is down: the run stood still.
+    EXPECT_LE(steps_logged(run_dir) - at_down, 1);
+    r = run_command("bash " + kCluster + " link h2 up");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(job.wait(), 0) << job.output();
+    EXPECT_EQ(job.output().find("did not answer"), std::string::npos) << job.output();
+    runs_->expect_series_near("clean", "flap", "loss", 12, 0.0);
+    runs_->expect_series_near("clean", "flap", "grad_norm", 12, 0.0);
+}
+
+TEST_F(ClusterTraining, PacketLossAndLatencyOnOneHostChangeNothingButTheTime) {
+    const std::string train = args(4, fault_args("--set comm.timeout_s=120"));
+    const auto timed = [&](const std::string& name) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const auto r = run_on_cluster(name, train);
+        EXPECT_EQ(r.exit_code, 0) << name << ":\n" << r.output;
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    const double clean_s = timed("clean");
+    auto r = run_command("bash " + kCluster + " link h2 loss 2%");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    // 5 ms more each way where the kernel has netem (cluster.sh refuses
+    // delays otherwise, saying so).
+    r = run_command("bash " + kCluster + " link h2 delay 5ms");
+    const bool delayed = r.exit_code == 0;
+    if (!delayed) std::printf("  no netem here, loss only: %s\n", r.output.c_str());
+    const double lossy_s = timed("lossy");
+    runs_->expect_series_near("clean", "lossy", "loss", 12, 0.0);
+    runs_->expect_series_near("clean", "lossy", "grad_norm", 12, 0.0);
+    std::printf("  12 steps: clean %.1f s, 2%% loss%s on h2 %.1f s (%.2fx)\n", clean_s,
+                delayed ? " + 5 ms" : "", lossy_s, lossy_s / clean_s);
 }
 
 // The apiary processes running in host h<i> (by the network namespace).

@@ -395,7 +395,7 @@ void add_shared_keys(Schema& s) {
               1 << 16);
     s.add_int("model.v_head_dim", 0, "latent attention value width per head (0: head_dim)", 0,
               1 << 16);
-    s.add_int("model.n_expert", 0, "routed experts per MoE block; 0: dense (planner only)", 0,
+    s.add_int("model.n_expert", 0, "routed experts per MoE block; 0: dense", 0,
               1 << 16);
     s.add_int("model.n_expert_active", 0, "routed experts each token uses (top-k)", 0, 1 << 16);
     s.add_int("model.n_shared_expert", 0, "experts every token uses besides the routed ones", 0,

@@ -36,6 +36,7 @@ for r in $(seq 1 "$rounds"); do
     for name in dense moe; do
         if [ "$name" = dense ]; then args=("${dense[@]}"); else args=("${moe[@]}"); fi
         dir="$out/round$r/$name"
+        mkdir -p "$out/round$r"
         start=$(date +%s.%N)
         "$A" train --set run.dir="$dir" "${common[@]}" "${args[@]}" > "$dir.log" 2>&1 ||
             { echo "$name (round $r) failed: see $dir.log"; tail -5 "$dir.log"; exit 1; }

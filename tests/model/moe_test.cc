@@ -175,3 +175,29 @@ TEST(Moe, RouterSendingEveryTokenToOneExpertStaysWithinCapacity) {
         EXPECT_EQ(dropped, dropless ? 0 : N - 10);  // capacity ceil(1.25 * 32 / 4) = 10
     }
 }
+
+TEST(Moe, RecomputedBlocksGiveTheSameGradientsAndCounts) {
+    // Full recomputation runs the MoE forward again inside backward: the
+    // same routing, the same gradients bit for bit, each choice counted once.
+    core::ModelSpec s = moe_spec(core::Arch::gpt2);
+    s.n_expert_active = 2, s.n_shared_expert = 1;
+    const int B = 2, T = 16, N = B * T;
+    std::vector<int32_t> tok(N), tgt(N);
+    for (int i = 0; i < N; ++i) tok[size_t(i)] = (i * 7) % 16, tgt[size_t(i)] = (i * 3 + 1) % 16;
+    std::vector<std::vector<float>> grads;
+    std::vector<int64_t> counted;
+    for (const auto mode : {core::Recompute::none, core::Recompute::full}) {
+        model::ModelOptions o;
+        o.shard.recompute = mode;
+        model::Transformer m(s, B, T, o);
+        m.init(3);
+        m.zero_grads();
+        m.forward_backward(tok.data(), tgt.data(), B, T, 1.0f / N);
+        grads.emplace_back(m.grads(), m.grads() + m.flat_size());
+        const auto& r = m.moe_stats()[0].routed;
+        counted.push_back(std::accumulate(r.begin(), r.end(), int64_t(0)));
+    }
+    EXPECT_EQ(grads[0], grads[1]);
+    EXPECT_EQ(counted[0], N * 2);
+    EXPECT_EQ(counted[1], N * 2);
+}

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cpu/omp_util.h"
 #include "kernels/kernels.h"
 
 namespace apiary::kernels {
@@ -248,8 +249,27 @@ void moe_combine_backward(float* dye, float* dgate, const float* dy, const float
     }
 }
 
+namespace {
+
+// Whether to run the experts' gemms side by side, one thread each (a gemm
+// inside a parallel region runs single-threaded), instead of one after the
+// other with every thread in each. Side by side when there are at least
+// two experts per thread and the average expert's gemm is small: then one
+// parallel region replaces E of them (each a barrier, costly on a loaded
+// machine) and small gemms lose little by running on one thread.
+bool experts_side_by_side(const int64_t* offsets, int64_t E, int64_t IN, int64_t OUT) {
+    const int threads = omp_get_max_threads_safe();
+    if (threads < 2 || E < 2 * threads) return false;
+    const double flops_per_expert = 2.0 * double(offsets[E]) * double(IN * OUT) / double(E);
+    return flops_per_expert < 2e8;
+}
+
+}  // namespace
+
 void grouped_linear_forward(float* y, const float* x, const float* const* W,
                             const int64_t* offsets, int64_t E, int64_t IN, int64_t OUT) {
+    const bool side_by_side = experts_side_by_side(offsets, E, IN, OUT);
+#pragma omp parallel for schedule(dynamic, 1) if (side_by_side)
     for (int64_t e = 0; e < E; ++e) {
         const int64_t r0 = offsets[e], rows = offsets[e + 1] - offsets[e];
         if (rows == 0) continue;
@@ -260,6 +280,8 @@ void grouped_linear_forward(float* y, const float* x, const float* const* W,
 void grouped_linear_backward(float* dx, float* const* dW, const float* dy, const float* x,
                              const float* const* W, const int64_t* offsets, int64_t E,
                              int64_t IN, int64_t OUT) {
+    const bool side_by_side = experts_side_by_side(offsets, E, IN, OUT);
+#pragma omp parallel for schedule(dynamic, 1) if (side_by_side)
     for (int64_t e = 0; e < E; ++e) {
         const int64_t r0 = offsets[e], rows = offsets[e + 1] - offsets[e];
         if (rows == 0) continue;

@@ -395,7 +395,7 @@ void add_shared_keys(Schema& s) {
               1 << 16);
     s.add_int("model.v_head_dim", 0, "latent attention value width per head (0: head_dim)", 0,
               1 << 16);
-    s.add_int("model.n_expert", 0, "routed experts per MoE block; 0: dense (planner only)", 0,
+    s.add_int("model.n_expert", 0, "routed experts per MoE block; 0: dense", 0,
               1 << 16);
     s.add_int("model.n_expert_active", 0, "routed experts each token uses (top-k)", 0, 1 << 16);
     s.add_int("model.n_shared_expert", 0, "experts every token uses besides the routed ones", 0,
@@ -404,6 +404,20 @@ void add_shared_keys(Schema& s) {
               1 << 22);
     s.add_int("model.moe_dense_layers", 0, "leading blocks with a dense MLP instead of experts", 0,
               1000);
+    s.add_string("model.moe_router", "softmax",
+                 "expert scores: softmax, or sigmoid with a selection bias (DeepSeek-V3)",
+                 {"softmax", "sigmoid"});
+    s.add_bool("model.moe_dropless", false,
+               "no capacity cut: every expert takes every token routed to it");
+    s.add_real("model.moe_capacity_factor", 1.25,
+               "rows per expert as a multiple of its even share N K / E of a micro-batch's "
+               "choices; choices beyond it are dropped (must be > 0)",
+               0.0, 1000.0);
+    s.add_real("model.moe_aux_loss_coef", 0.01,
+               "coefficient of the load-balancing loss E sum_e f_e P_e per MoE block", 0.0, 100.0);
+    s.add_real("model.moe_z_loss_coef", 0.001,
+               "coefficient of the router z-loss mean logsumexp(logits)^2 per MoE block", 0.0,
+               100.0);
 
     s.add_int("train.batch_size", 16, "micro-batch size B, sequences per rank per micro-step", 1,
               1 << 20);
@@ -473,6 +487,11 @@ ModelSpec model_spec_from(const Config& c) {
     }
     if (const double e = c.get_real("model.norm_eps"); e > 0) s.norm_eps = float(e);
     if (const double r = c.get_real("model.rope_theta"); r > 0) s.rope_theta = float(r);
+    s.moe_sigmoid = c.get_string("model.moe_router") == "sigmoid";
+    s.moe_dropless = c.get_bool("model.moe_dropless");
+    s.moe_capacity_factor = float(c.get_real("model.moe_capacity_factor"));
+    s.moe_aux_loss_coef = float(c.get_real("model.moe_aux_loss_coef"));
+    s.moe_z_loss_coef = float(c.get_real("model.moe_z_loss_coef"));
     s.validate();
     return s;
 }

@@ -72,12 +72,20 @@ int64_t ModelSpec::num_params() const {
     const int64_t head = tie_embeddings ? 0 : V * C;
     // Norms (and for gpt2 the biases of the plain attention and MLP).
     const int64_t norms = arch == Arch::gpt2 ? 4 * C : 2 * C;
-    int64_t biases = 0;
-    if (arch == Arch::gpt2) biases = (qk_width() + 2 * kv_dim()) + C + F + C;
+    int64_t biases = 0, attn_biases = 0;
+    if (arch == Arch::gpt2) {
+        attn_biases = (qk_width() + 2 * kv_dim()) + C;
+        biases = attn_biases + F + C;
+    }
+    // An MoE block's experts have no biases; a sigmoid router has its
+    // selection bias (E).
+    const int64_t E = moe_layers();
+    const int64_t moe_biases = attn_biases + (moe_sigmoid ? n_expert : 0);
     const int64_t rest = num_matmul_params() - V * C;  // blocks' matmul weights
     const int64_t positions = arch == Arch::gpt2 ? int64_t(max_seq_len) * C : 0;
     const int64_t final_norm = arch == Arch::gpt2 ? 2 * C : C;
-    return V * C + positions + rest + L * (norms + biases) + final_norm + head;
+    return V * C + positions + rest + L * norms + (L - E) * biases + E * moe_biases + final_norm +
+           head;
 }
 
 double ModelSpec::train_flops_per_token(int seq_len) const {
@@ -86,7 +94,6 @@ double ModelSpec::train_flops_per_token(int seq_len) const {
 }
 
 std::string ModelSpec::trainer_unsupported() const {
-    if (moe()) return fmt::format("model.n_expert = {} (mixture of experts)", n_expert);
     if (mla()) return fmt::format("model.kv_lora_rank = {} (latent attention)", kv_lora_rank);
     if (head_dim > 0 && head_dim * n_head != n_embd) {
         return fmt::format("model.head_dim = {} (not n_embd / n_head)", head_dim);
@@ -127,11 +134,25 @@ void ModelSpec::validate() const {
                              moe_dense_layers, n_layer));
         if (n_shared_expert < 0 || moe_ffn_hidden < 0)
             fail("model.n_shared_expert and model.moe_ffn_hidden must be >= 0");
+        if (!(moe_capacity_factor > 0 && moe_capacity_factor <= 1000))
+            fail(fmt::format(
+                "model.moe_capacity_factor = {}: must be in (0, 1000] (1.0: each expert takes "
+                "its even share of a micro-batch's choices; or set model.moe_dropless = true)",
+                moe_capacity_factor));
+        if (!(moe_aux_loss_coef >= 0 && moe_aux_loss_coef <= 100))
+            fail(fmt::format("model.moe_aux_loss_coef = {}: must be in [0, 100] (0: off; "
+                             "Switch Transformer uses 0.01)",
+                             moe_aux_loss_coef));
+        if (!(moe_z_loss_coef >= 0 && moe_z_loss_coef <= 100))
+            fail(fmt::format("model.moe_z_loss_coef = {}: must be in [0, 100] (0: off; "
+                             "ST-MoE uses 0.001)",
+                             moe_z_loss_coef));
     } else if (n_expert_active > 0 || n_shared_expert > 0 || moe_dense_layers > 0 ||
-               moe_ffn_hidden > 0) {
+               moe_ffn_hidden > 0 || moe_sigmoid || moe_dropless) {
         fail(
-            "model.n_expert_active, n_shared_expert, moe_ffn_hidden and moe_dense_layers "
-            "describe experts: set model.n_expert too (or leave them 0)");
+            "model.n_expert_active, n_shared_expert, moe_ffn_hidden, moe_dense_layers, "
+            "moe_router and moe_dropless describe experts: set model.n_expert too (or leave "
+            "them at their defaults)");
     }
 }
 

@@ -34,9 +34,20 @@ struct ModelSpec {
     // Mixture of experts, on when n_expert > 0: every block after the first
     // moe_dense_layers has n_expert routed MLPs of width moe_ffn_hidden, of
     // which each token uses n_expert_active, plus n_shared_expert always used.
-    // The trainer is dense; the planner costs these.
+    // The shared experts act as one MLP of width n_shared_expert x
+    // moe_ffn_hidden (the same function as their sum).
     int n_expert = 0, n_expert_active = 0, n_shared_expert = 0;
     int moe_ffn_hidden = 0, moe_dense_layers = 0;
+    // How the trainer routes (keys model.moe_*): a sigmoid router whose
+    // per-expert bias steers the choice only (DeepSeek-V3) instead of a
+    // softmax one; no capacity cut (dropless), or capacity_factor times an
+    // expert's even share N K / E of a micro-batch's choices; the
+    // coefficients of the load-balancing loss and of the router z-loss.
+    bool moe_sigmoid = false;
+    bool moe_dropless = false;
+    float moe_capacity_factor = 1.25f;
+    float moe_aux_loss_coef = 0.01f;
+    float moe_z_loss_coef = 0.001f;
 
     int head_size() const { return head_dim > 0 ? head_dim : n_embd / n_head; }  // HS
     int kv_dim() const { return n_kv_head * head_size(); }
@@ -44,6 +55,7 @@ struct ModelSpec {
     bool mla() const { return kv_lora_rank > 0; }
     bool moe() const { return n_expert > 0; }
     int moe_layers() const { return moe() ? n_layer - moe_dense_layers : 0; }
+    bool moe_layer(int l) const { return moe() && l >= moe_dense_layers; }
     int expert_ffn_dim() const { return moe_ffn_hidden > 0 ? moe_ffn_hidden : ffn_dim(); }
     // Weights of one attention block / one MLP (a dense one, or one expert).
     int64_t attn_params() const;
@@ -66,7 +78,7 @@ struct ModelSpec {
     // causal mask not discounted, as in PaLM / Megatron).
     double train_flops_per_token(int seq_len) const;
 
-    // A field the trainer cannot run yet (experts, latent attention, a
+    // A field the trainer cannot run yet (latent attention, a
     // head width other than n_embd / n_head), described; "" when none.
     std::string trainer_unsupported() const;
 

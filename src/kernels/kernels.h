@@ -106,6 +106,78 @@ void lm_head_logsumexp(float* lse, float* target_logit, const float* h, const fl
                        const int32_t* targets, int64_t N, int64_t C, int64_t V,
                        int64_t vocab_chunk);
 
+// ---- mixture of experts (cpu/moe.cc) ----
+// More shape letters: E experts, K experts per token (top-k), M = rows of
+// the expert-ordered buffer (token copies that were kept, at most N K).
+
+// How router logits become scores: softmax over the experts (Switch,
+// GShard, Mixtral) or an independent sigmoid per expert (DeepSeek-V3).
+enum class MoeRouter : int { softmax = 0, sigmoid = 1 };
+
+// Rows each expert may take: ceil(capacity_factor N K / E), at most N;
+// dropless: N (a token picks an expert once, so no expert gets more).
+int64_t moe_capacity(int64_t N, int64_t E, int64_t K, double capacity_factor, bool dropless);
+
+// Outputs of the routing, caller-owned.
+struct MoeRouteOut {
+    float* probs = nullptr;       // (N, E) softmax probabilities or sigmoid scores
+    int32_t* expert = nullptr;    // (N, K) chosen experts, best first
+    float* gate = nullptr;        // (N, K) combine weights, 0 where dropped
+    int32_t* slot = nullptr;      // (N, K) row in the expert-ordered buffer, -1 where dropped
+    int64_t* offsets = nullptr;   // (E + 1) first row of each expert; offsets[E] = M
+    int32_t* token_of = nullptr;  // (N K) the token of each row (the first M are set)
+    int64_t* routed = nullptr;    // (E) choices of each expert before the capacity cut
+    int64_t* dropped = nullptr;   // (E) of those, the ones over capacity
+};
+// The two router losses of one batch, before their coefficients:
+//   aux = E sum_e f_e P_e (Switch / GShard load balancing; 1 when balanced),
+//     f_e = routed_e / (N K), P_e = mean over tokens of the score of e
+//     (softmax probability; for sigmoid the scores normalised per token);
+//   z = mean over tokens of logsumexp(logits)^2 (ST-MoE router z-loss).
+struct MoeLosses {
+    double aux = 0.0, z = 0.0;
+};
+// Top-K choice per token by softmax probability, or by sigmoid score plus
+// bias (E; null: none; the bias steers the choice only, never the gates).
+// Ties go to the lower expert index. Gates: the chosen score itself when
+// K = 1 (Switch), the chosen scores normalised to sum 1 when K > 1
+// (Mixtral, DeepSeek-V3). Capacity: choices are admitted first choices of
+// all tokens first, then second choices, each in token order; a choice
+// past its expert's capacity is dropped (gate 0: the token's residual
+// passes it by). Rows are ordered by expert, then by admission.
+//   logits (N, E)
+MoeLosses moe_route_forward(const MoeRouteOut& out, const float* logits, const float* bias,
+                            int64_t N, int64_t E, int64_t K, MoeRouter router, int64_t capacity);
+// dlogits (N, E) written: the gradient of sum(dgate * gate) + aux_coef aux
+// + z_coef z, with dgate (N, K) the gradient of the combine weights (0 where
+// dropped; the routing counts f_e are constants). probs, expert, slot and
+// routed as the forward wrote them.
+void moe_route_backward(float* dlogits, const float* dgate, const float* logits,
+                        const float* probs, const int32_t* expert, const int64_t* routed,
+                        int64_t N, int64_t E, int64_t K, MoeRouter router, float aux_coef,
+                        float z_coef);
+// xg (M, C) = the rows of x (N, C) named by token_of (M).
+void moe_gather(float* xg, const float* x, const int32_t* token_of, int64_t M, int64_t C);
+// dx (N, C) += the rows of dxg (M, C) back at their tokens (slot (N, K)).
+void moe_gather_backward(float* dx, const float* dxg, const int32_t* slot, int64_t N, int64_t K,
+                         int64_t C);
+// y (N, C) += sum over a token's kept choices of gate * ye[slot]; ye (M, C).
+void moe_combine_forward(float* y, const float* ye, const int32_t* slot, const float* gate,
+                         int64_t N, int64_t K, int64_t C);
+// dye (M, C) = gate * dy of the row's token (written); dgate (N, K) =
+// dot(dy, ye[slot]) (written; 0 where dropped).
+void moe_combine_backward(float* dye, float* dgate, const float* dy, const float* ye,
+                          const int32_t* slot, const float* gate, int64_t N, int64_t K, int64_t C);
+// One linear layer per expert over its rows of the expert-ordered buffer,
+// one gemm each: y[rows of e] (., OUT) = x[rows of e] (., IN) W[e]^T, with
+// W[e] (OUT, IN) and rows [offsets[e], offsets[e + 1]).
+void grouped_linear_forward(float* y, const float* x, const float* const* W,
+                            const int64_t* offsets, int64_t E, int64_t IN, int64_t OUT);
+// dx (M, IN) = dy W[e] (written; may be null); dW[e] (OUT, IN) += dy^T x.
+void grouped_linear_backward(float* dx, float* const* dW, const float* dy, const float* x,
+                             const float* const* W, const int64_t* offsets, int64_t E,
+                             int64_t IN, int64_t OUT);
+
 // ---- optimizer ----
 
 // AdamW (Loshchilov & Hutter 2019) on one contiguous range, with decoupled

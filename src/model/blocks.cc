@@ -153,6 +153,12 @@ void Transformer::block_forward(int l, const LayerActs& a, const float* in, int6
 
     float* norm2 = norm_forward(p.ln2_w, p.ln2_b, a.norm2, a.norm2_h, a.norm2_mean, a.norm2_rstd,
                                 act(a.res2), n);
+    if (p.moe) {
+        // Experts instead of the MLP (model/moe.cc); n == N: no tp.
+        moe_forward(l, a, norm2, act(a.res3), N);
+        k::add_inplace(act(a.res3), act(a.res2), n * C);
+        return;
+    }
     lin_fwd(act(a.fc), norm2, a.norm2_h, p.fc_w, p.fc_b, N, C, gpt2 ? F : 2 * F);
     float* fc_act = nullptr;  // bf16 gpt2: gelu writes the next matmul's bf16 input
     if (gpt2 && bf16) {
@@ -169,16 +175,9 @@ void Transformer::block_forward(int l, const LayerActs& a, const float* in, int6
     k::add_inplace(act(a.res3), act(a.res2), n * C);
 }
 
-void Transformer::block_backward(int l, const LayerActs& a, const float* in, int64_t B, int64_t T) {
-    APIARY_TRACE("block backward", core::trace::Kind::compute, l);
-    const BlockParams& p = block_params_[size_t(l)];
-    const int64_t N = B * T, n = rows(B, T), C = dims_.C, F = dims_.F, R = dims_.R(),
-                  Cl = dims_.Cl(), NH = dims_.NH, KVH = dims_.KVH, HS = dims_.HS;
+void Transformer::mlp_backward(const BlockParams& p, const LayerActs& a, int64_t N, int64_t n) {
+    const int64_t C = dims_.C, F = dims_.F;
     const bool gpt2 = spec_.arch == Arch::gpt2, bf16 = precision_ == Precision::bf16;
-    if (shard_.recompute == core::Recompute::full) {
-        APIARY_PROFILE("recompute");
-        block_forward(l, a, in, B, T);
-    }
     // The MLP. Its second matmul's bias gradient comes from all rows of dy,
     // the same on every rank.
     lin_bwd(dfc_act_.f32(), p.fc2_w, p.fc2_b, row_parallel_grad(n), act(a.fc_act), a.fc_act_h, N, F,
@@ -196,6 +195,23 @@ void Transformer::block_backward(int l, const LayerActs& a, const float* in, int
         k::swiglu_backward(dfc_.f32(), dfc_act_.f32(), act(a.fc), N, F);
     }
     lin_bwd(dnorm_.f32(), p.fc_w, p.fc_b, dfc, act(a.norm2), a.norm2_h, N, C, gpt2 ? F : 2 * F);
+}
+
+void Transformer::block_backward(int l, const LayerActs& a, const float* in, int64_t B, int64_t T) {
+    APIARY_TRACE("block backward", core::trace::Kind::compute, l);
+    const BlockParams& p = block_params_[size_t(l)];
+    const int64_t N = B * T, n = rows(B, T), C = dims_.C, R = dims_.R(),
+                  Cl = dims_.Cl(), NH = dims_.NH, KVH = dims_.KVH, HS = dims_.HS;
+    const bool gpt2 = spec_.arch == Arch::gpt2;
+    if (shard_.recompute == core::Recompute::full) {
+        APIARY_PROFILE("recompute");
+        block_forward(l, a, in, B, T);
+    }
+    if (p.moe) {
+        moe_backward(l, a, act(a.norm2), dres_.f32(), N);
+    } else {
+        mlp_backward(p, a, N, n);
+    }
     norm_backward(p.ln2_w, p.ln2_b, dnorm_.f32(), act(a.res2), a.norm2_mean, a.norm2_rstd, n);
 
     // Attention.

@@ -76,6 +76,17 @@ struct LossResult {
     double mean() const { return count ? loss_sum / double(count) : 0.0; }
 };
 
+// Expert load of one MoE block, summed over the training micro-batches
+// since the last reset_moe_stats() (backward adds them; evaluation and
+// recomputation do not count).
+struct MoeLayerStats {
+    int layer = -1;
+    std::vector<int64_t> routed;   // (E) choices of each expert before the capacity cut
+    std::vector<int64_t> dropped;  // (E) of those, the ones over capacity
+    double aux_sum = 0.0, z_sum = 0.0;  // the two router losses, summed over micro-batches
+    int64_t batches = 0;
+};
+
 struct ModelOptions {
     Precision precision = Precision::fp32;
     // The flat buffers' units are padded to a multiple of it (data
@@ -197,11 +208,21 @@ class Transformer {
     }
     void bf16_weights_written() { shadow_stale_ = false; }
 
+    // Expert load per MoE block (empty for a dense model), in block order.
+    const std::vector<MoeLayerStats>& moe_stats() const { return moe_stats_; }
+    void reset_moe_stats();
+
   private:
     // Entry indices of one block's parameters, resolved once (-1: absent).
     struct BlockParams {
         int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
         int ln2_w = -1, ln2_b = -1, fc_w = -1, fc_b = -1, fc2_w = -1, fc2_b = -1;
+        // An MoE block (model/moe.cc): router, its selection bias (sigmoid
+        // router), each expert's first (gate|up for SwiGLU) and second
+        // matmul, and the shared experts' two matmuls (-1: none).
+        bool moe = false;
+        int router_w = -1, router_bias = -1, shared_fc_w = -1, shared_fc2_w = -1;
+        std::vector<int> expert_fc_w, expert_fc2_w;
     };
     // Offsets of one block's saved activations in arena_ (f32) and
     // arena_half_ (bf16). Rows: n = this rank's rows between blocks, N = the
@@ -220,6 +241,7 @@ class Transformer {
         int64_t res3 = 0;                        // (n, C): the block's output
         // bf16 copies of the matmul inputs and of q, k, v (bf16 mode only).
         int64_t norm1_h = 0, qkv_h = 0, atty_h = 0, norm2_h = 0, fc_act_h = 0;
+        int moe = -1;  // index into moe_acts_ (MoE blocks), replacing fc and fc_act
     };
     struct SlotActs {
         int64_t input = 0;              // (n, C): the embedding's output or the stage input
@@ -256,6 +278,9 @@ class Transformer {
     void embed_backward(SlotActs& s);
     void block_forward(int l, const LayerActs& a, const float* in, int64_t B, int64_t T);
     void block_backward(int l, const LayerActs& a, const float* in, int64_t B, int64_t T);
+    // The dense MLP's backward: from dres_ (the block output's gradient) to
+    // dnorm_ (its normed input's).
+    void mlp_backward(const BlockParams& p, const LayerActs& a, int64_t N, int64_t n);
     void attention_core_forward(const LayerActs& a, int64_t B, int64_t T);
     void attention_core_backward(const LayerActs& a, int64_t B, int64_t T);
     // LayerNorm / RMSNorm of `in` (n rows) into the matmul input of N rows:
@@ -291,6 +316,15 @@ class Transformer {
     void lin_bwd(float* dx, int w, int b, const float* dy, const float* x, int64_t x_half,
                  int64_t N, int64_t IN, int64_t OUT);
     void refresh_shadow();
+    // ---- mixture of experts (model/moe.cc) ----
+    struct MoeActs;
+    void add_moe_params(int l);
+    void resolve_moe_handles(int l, const std::string& prefix);
+    void allocate_moe();
+    // The MoE MLP: out (N, C) = shared experts + routed experts of x (N, C).
+    void moe_forward(int l, const LayerActs& a, const float* x, float* out, int64_t N);
+    // From dy (N, C): parameter gradients added, dnorm_ (N, C) written.
+    void moe_backward(int l, const LayerActs& a, const float* x, const float* dy, int64_t N);
     // The LM head and cross-entropy over lnf_ (N rows): the summed loss, and
     // with grad_scale the gradient of the final norm's output in dnorm_.
     double head_loss_sum(const int32_t* targets, int64_t N, const float* grad_scale,
@@ -346,6 +380,16 @@ class Transformer {
     // rows under tensor / sequence parallelism.
     core::Tensor dres_, dnorm_, dqkv_, datty_, dfc_, dfc_act_, head_scratch_, dfull_, partial_;
     core::Tensor rope_cos_, rope_sin_;
+    // MoE: saved routing and expert activations per (block, slot), shared
+    // backward scratch, the load statistics, and the gradient scale of the
+    // current micro-batch's loss (head_loss sets it; the router losses are
+    // scaled like the cross-entropy of N tokens).
+    std::vector<MoeActs> moe_acts_;
+    core::Tensor moe_dye_, moe_dh_, moe_dact_, moe_dxg_, moe_dgate_, moe_dlogits_;
+    core::Tensor moe_dsh_h_, moe_dsh_act_;
+    std::vector<MoeLayerStats> moe_stats_;
+    std::vector<int> moe_stat_of_layer_;
+    float moe_grad_scale_ = 0.0f;
 };
 
 }  // namespace apiary::model

@@ -13,6 +13,7 @@
 #include "core/trace.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
+#include "model/moe.h"
 
 namespace apiary::model {
 
@@ -146,6 +147,7 @@ void Transformer::allocate_activations() {
         rope_sin_ = core::Tensor({max_T_, hs2}, DType::f32, MemCategory::buffers);
         k::rope_tables(rope_cos_.f32(), rope_sin_.f32(), max_T_, dims_.HS, spec_.rope_theta);
     }
+    allocate_moe();
 }
 
 void Transformer::check_shape(int64_t B, int64_t T) const {
@@ -253,6 +255,7 @@ LossResult Transformer::head_loss(int chunk, int slot, const int32_t* targets,
     norm_forward(lnf_w_, lnf_b_, lnf_, -1, lnf_mean_, lnf_rstd_, last, n);
     LossResult r;
     if (grad_scale) {
+        moe_grad_scale_ = *grad_scale;
         // The head writes into the embedding's gradients (tied) or the final
         // unit's; both stay lent until backward is through with them.
         use_grads(embed_unit());

@@ -31,6 +31,7 @@ struct MetricsServer::State {
            checkpoints = 0;
     double health_events = 0;
     double start_unix_s = 0;
+    std::vector<MoeLoad> moe;
     // CPU utilisation between two scrapes.
     double last_cpu_s = -1, last_wall_s = 0;
 };
@@ -195,6 +196,20 @@ class Collector : public prometheus::Collectable {
         b.gauge("apiary_up", "1 while the rank's trainer runs", 1.0);
         b.gauge("apiary_start_timestamp_seconds", "unix time the run started", s_->start_unix_s);
         if (s_->v.step > 0) add_step(b, s_->v);
+        for (const MoeLoad& m : s_->moe) {
+            const std::string layer = std::to_string(m.layer);
+            for (size_t e = 0; e < m.tokens.size(); ++e) {
+                b.gauge("apiary_moe_expert_tokens",
+                        "choices routed to each expert of an MoE block, last logging window",
+                        m.tokens[e], {{"layer", layer}, {"expert", std::to_string(e)}});
+            }
+            b.gauge("apiary_moe_load_imbalance",
+                    "max / mean of an MoE block's expert loads (1: balanced)", m.imbalance,
+                    {{"layer", layer}});
+            b.gauge("apiary_moe_dropped_tokens",
+                    "choices an MoE block dropped over capacity, last logging window", m.dropped,
+                    {{"layer", layer}});
+        }
         for (int i = 0; i < 5; ++i) {
             b.counter("apiary_phase_seconds_total", "seconds by phase, summed over steps",
                       s_->phase_totals[i], {{"phase", kPhases[i]}});
@@ -281,6 +296,11 @@ void MetricsServer::add_health_event() {
 void MetricsServer::set_eval_loss(double loss) {
     std::lock_guard<std::mutex> lock(state_->mu);
     state_->v.eval_loss = loss;
+}
+
+void MetricsServer::set_moe_load(std::vector<MoeLoad> load) {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->moe = std::move(load);
 }
 
 }  // namespace apiary::obs

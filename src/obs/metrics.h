@@ -42,6 +42,15 @@ struct StepValues {
     int job_health = 0;    // the worst rank
 };
 
+// Expert load of one mixture-of-experts block over the last logging
+// window, summed over the data-parallel ranks.
+struct MoeLoad {
+    int layer = -1;
+    std::vector<double> tokens;  // (E) choices routed to each expert
+    double imbalance = 0;        // max / mean of tokens
+    double dropped = 0;          // choices over capacity, all experts
+};
+
 // The metrics endpoint's worker threads (each serves one connection at a
 // time) and how long one waits for a client to send or read.
 inline constexpr int kMetricsThreads = 8;
@@ -62,6 +71,7 @@ class MetricsServer {
     void add_checkpoint(double seconds, double stall_s, double bytes, double unix_s);
     void add_health_event();
     void set_eval_loss(double loss);
+    void set_moe_load(std::vector<MoeLoad> load);
     int port() const { return port_; }
 
     struct State;  // shared with the collector

@@ -206,6 +206,10 @@ void RunObserver::eval_done(double loss) {
     if (metrics_) metrics_->set_eval_loss(loss);
 }
 
+void RunObserver::moe_load(std::vector<MoeLoad> load) {
+    if (metrics_) metrics_->set_moe_load(std::move(load));
+}
+
 void RunObserver::checkpoint_done(double seconds, double stall_s, double bytes) {
     if (metrics_) metrics_->add_checkpoint(seconds, stall_s, bytes, double(unix_ns()) * 1e-9);
 }

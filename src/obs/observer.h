@@ -69,6 +69,8 @@ class RunObserver {
     double busy_seconds() const { return busy_s_; }
     AfterStep after_step(const StepReport& r);
     void eval_done(double loss);
+    // Expert load per MoE block, for the Prometheus endpoint.
+    void moe_load(std::vector<MoeLoad> load);
     // A committed save: from start to commit, the training thread's stall,
     // and the bytes written (all ranks).
     void checkpoint_done(double seconds, double stall_s, double bytes);

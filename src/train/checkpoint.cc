@@ -103,7 +103,7 @@ int64_t meta_int(const json& j, const std::string& key, int64_t lo, int64_t hi,
 }
 
 json spec_to_json(const core::ModelSpec& s) {
-    return {{"arch", core::arch_name(s.arch)},
+    json j = {{"arch", core::arch_name(s.arch)},
             {"n_layer", s.n_layer},
             {"n_embd", s.n_embd},
             {"n_head", s.n_head},
@@ -114,6 +114,21 @@ json spec_to_json(const core::ModelSpec& s) {
             {"tie_embeddings", s.tie_embeddings},
             {"norm_eps", s.norm_eps},
             {"rope_theta", s.rope_theta}};
+    if (s.moe()) {
+        // Mixture of experts: absent from dense checkpoints (older readers
+        // never see it there).
+        j["moe"] = {{"n_expert", s.n_expert},
+                    {"n_expert_active", s.n_expert_active},
+                    {"n_shared_expert", s.n_shared_expert},
+                    {"moe_ffn_hidden", s.expert_ffn_dim()},
+                    {"moe_dense_layers", s.moe_dense_layers},
+                    {"router", s.moe_sigmoid ? "sigmoid" : "softmax"},
+                    {"dropless", s.moe_dropless},
+                    {"capacity_factor", s.moe_capacity_factor},
+                    {"aux_loss_coef", s.moe_aux_loss_coef},
+                    {"z_loss_coef", s.moe_z_loss_coef}};
+    }
+    return j;
 }
 
 core::ModelSpec spec_from_json(const json& j, const std::string& where) {
@@ -131,6 +146,24 @@ core::ModelSpec spec_from_json(const json& j, const std::string& where) {
         s.tie_embeddings = j.at("tie_embeddings").get<bool>();
         s.norm_eps = j.at("norm_eps").get<float>();
         s.rope_theta = j.at("rope_theta").get<float>();
+        if (j.contains("moe")) {
+            const json& m = j.at("moe");
+            s.n_expert = int(meta_int(m, "n_expert", 1, kMaxDim, w));
+            s.n_expert_active = int(meta_int(m, "n_expert_active", 1, kMaxDim, w));
+            s.n_shared_expert = int(meta_int(m, "n_shared_expert", 0, kMaxDim, w));
+            s.moe_ffn_hidden = int(meta_int(m, "moe_ffn_hidden", 1, kMaxDim, w));
+            s.moe_dense_layers = int(meta_int(m, "moe_dense_layers", 0, kMaxDim, w));
+            const std::string router = m.at("router").get<std::string>();
+            if (router != "softmax" && router != "sigmoid") {
+                throw IoError(fmt::format("{}: moe router '{}' (known: softmax, sigmoid)", w,
+                                          router));
+            }
+            s.moe_sigmoid = router == "sigmoid";
+            s.moe_dropless = m.at("dropless").get<bool>();
+            s.moe_capacity_factor = m.at("capacity_factor").get<float>();
+            s.moe_aux_loss_coef = m.at("aux_loss_coef").get<float>();
+            s.moe_z_loss_coef = m.at("z_loss_coef").get<float>();
+        }
         s.validate();
         return s;
     } catch (const json::exception& e) {

@@ -100,6 +100,13 @@ HfExport export_hf(const CheckpointRef& ck, const std::string& out) {
     check_export_dir(dir);
     const std::string where = (fs::path(ck.dir) / ckpt::kManifestFile).string();
     const core::ModelSpec spec = train::spec_from_json(ck.meta.at("model"), where);
+    if (spec.moe()) {
+        throw ConfigError(fmt::format(
+            "{}: a mixture-of-experts model (model.n_expert = {}) has no Hugging Face export "
+            "yet (GPT2LMHeadModel and LlamaForCausalLM have no experts); its checkpoint holds "
+            "every expert by name (`apiary ckpt inspect`)",
+            ck.dir, spec.n_expert));
+    }
     const std::optional<RunTokenizer> tokenizer = run_tokenizer(ck);
     const ckpt::CheckpointReader reader(ck.dir);
     const std::vector<std::string> names = reader.tensors("param");

@@ -15,6 +15,7 @@
 #include "data/file_io.h"
 #include "kernels/kernels.h"
 #include "plan/totals.h"
+#include "train/moe_metrics.h"
 
 namespace apiary::train {
 
@@ -317,6 +318,11 @@ void Trainer::maybe_log(int64_t done, const StepOutcome& s, bool last) {
     // must see the same data compare these.
     rec["batch_xxh64"] = data::hex64(
         data::xxhash64(s.batch->tokens.data(), s.batch->tokens.size() * sizeof(int32_t)));
+    if (engine_.model().spec().moe()) {
+        std::vector<obs::MoeLoad> load;
+        rec["moe"] = moe_load_record(engine_, &load);  // collective
+        obs_->moe_load(std::move(load));
+    }
     write_metrics(rec);
     if (engine_.world_size() > 1) {
         const auto& t = engine_.times();

@@ -124,11 +124,38 @@ void check_freeze(const std::vector<std::string>& prefixes, const core::ModelSpe
     }
 }
 
+// Mixture-of-experts blocks run data-parallel (ZeRO 1-3) in fp32 only.
+void check_moe_layout(const core::Config& c, const core::ModelSpec& spec) {
+    if (!spec.moe()) return;
+    for (const char* axis : {"parallel.tp", "parallel.pp"}) {
+        if (c.get_int(axis) != 1) {
+            throw ConfigError(fmt::format(
+                "{} = {} with model.n_expert = {}: mixture-of-experts blocks train with "
+                "data parallelism and ZeRO 1-3 only (not yet tensor or pipeline parallel); set "
+                "{} = 1",
+                axis, c.get_int(axis), spec.n_expert, axis));
+        }
+    }
+    if (const std::string p = c.get_string("train.precision"); p != "fp32") {
+        throw ConfigError(fmt::format(
+            "train.precision = '{}' with model.n_expert = {}: mixture-of-experts blocks train in "
+            "fp32 only (not yet bf16 or fp16)",
+            p, spec.n_expert));
+    }
+}
+
 }  // namespace
 
 // The layout is checked against the model (parallel_layout_from) once the
 // vocabulary is known.
 void validate_config(const core::Config& c, int world_size) {
+    if (c.get_int("parallel.ep") != 1 && c.get_int("model.n_expert") > 0) {
+        throw ConfigError(fmt::format(
+            "parallel.ep = {}: the trainer has no expert parallelism yet; it trains "
+            "model.n_expert = {} with every expert on every data-parallel rank (parallel.ep = 1, "
+            "ZeRO 1-3 to shard them)",
+            c.get_int("parallel.ep"), c.get_int("model.n_expert")));
+    }
     // Keys the planner models but the trainer cannot train (yet).
     for (const char* axis : {"parallel.cp", "parallel.ep"}) {
         if (c.get_int(axis) != 1) {
@@ -145,6 +172,7 @@ void validate_config(const core::Config& c, int world_size) {
     }
     const TrainOptions o = TrainOptions::from_config(c);
     const core::ModelSpec spec = core::model_spec_from(c);
+    check_moe_layout(c, spec);
     if (const std::string what = spec.trainer_unsupported(); !what.empty()) {
         throw ConfigError(
             fmt::format("{}: `apiary plan` models it, the trainer does not train it; "

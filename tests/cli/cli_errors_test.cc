@@ -246,7 +246,35 @@ TEST_F(CliErrors, PlannerOnlySettingsAreRefusedByTheTrainer) {
     expect_error(train("--set parallel.cp=2"), "parallel.cp = 2: context and expert parallelism");
     expect_error(train("--set parallel.ep=2"), "parallel.ep = 2");
     expect_error(train("--set train.precision=fp8"), "modelled by `apiary plan` only");
-    expect_error(train("--set model.n_expert=8 --set model.n_expert_active=2"),
-                 "model.n_expert = 8 (mixture of experts)");
     EXPECT_FALSE(fs::exists(dir_ / "run"));
+}
+
+TEST_F(CliErrors, MixtureOfExpertsLayoutsNotYetTrainedAreRefused) {
+    const std::string moe = "--set model.n_expert=8 --set model.n_expert_active=2 ";
+    expect_error(train(moe + "--set parallel.ep=2"),
+                 "parallel.ep = 2: the trainer has no expert parallelism yet");
+    expect_error(train(moe + "--set parallel.tp=2"),
+                 "parallel.tp = 2 with model.n_expert = 8: mixture-of-experts blocks train with "
+                 "data parallelism and ZeRO 1-3 only");
+    expect_error(train(moe + "--set parallel.pp=2"), "parallel.pp = 2 with model.n_expert = 8");
+    expect_error(train(moe + "--set train.precision=bf16"),
+                 "train.precision = 'bf16' with model.n_expert = 8: mixture-of-experts blocks "
+                 "train in fp32 only");
+    expect_error(train(moe + "--set model.n_expert_active=9"),
+                 "model.n_expert_active = 9 must be between 1 and model.n_expert = 8");
+    expect_error(train(moe + "--set model.moe_capacity_factor=0"),
+                 "model.moe_capacity_factor = 0: must be in (0, 1000]");
+    expect_error(train("--set model.moe_router=sigmoid"), "set model.n_expert too");
+    EXPECT_FALSE(fs::exists(dir_ / "run"));
+}
+
+TEST_F(CliErrors, MixtureOfExpertsHasNoHuggingFaceExport) {
+    const auto r = train(
+        "--set model.n_expert=4 --set model.n_expert_active=2 --set model.n_layer=1 "
+        "--set model.n_embd=32 --set model.n_head=2 --set train.steps=1 --set train.ckpt_every=1");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    expect_error(run_command(apiary_bin() + " ckpt export " + (dir_ / "run").string() +
+                             " --format hf --out " + (dir_ / "hf").string()),
+                 "a mixture-of-experts model (model.n_expert = 4) has no Hugging Face export");
+    EXPECT_FALSE(fs::exists(dir_ / "hf" / "model.safetensors"));
 }

@@ -45,7 +45,16 @@ struct Case {
     int B, T, steps;
 };
 
+// The reference needs PyTorch; without it the comparison is skipped, not
+// passed.
+bool have_torch() {
+    static const bool ok =
+        std::system((python() + " -c 'import torch' >/dev/null 2>&1").c_str()) == 0;
+    return ok;
+}
+
 void run_case(const Case& c, const std::string& label) {
+    if (!have_torch()) GTEST_SKIP() << python() << " has no torch (Debian: python3-torch)";
     const fs::path dir = fs::temp_directory_path() / ("apiary_ref_" + label + "_" +
                                                       std::to_string(::getpid()));
     fs::create_directories(dir);
@@ -79,7 +88,15 @@ void run_case(const Case& c, const std::string& label) {
                           {"tie_embeddings", s.tie_embeddings}, {"norm_eps", s.norm_eps},
                           {"rope_theta", s.rope_theta}, {"steps", c.steps}, {"lr", lr},
                           {"beta1", opt.beta1}, {"beta2", opt.beta2}, {"eps", opt.eps},
-                          {"weight_decay", opt.weight_decay}, {"grad_clip", opt.grad_clip}};
+                          {"weight_decay", opt.weight_decay}, {"grad_clip", opt.grad_clip},
+                          {"n_expert", s.n_expert}, {"n_expert_active", s.n_expert_active},
+                          {"n_shared_expert", s.n_shared_expert},
+                          {"moe_dense_layers", s.moe_dense_layers},
+                          {"moe_router", s.moe_sigmoid ? "sigmoid" : "softmax"},
+                          {"moe_dropless", s.moe_dropless},
+                          {"moe_capacity_factor", s.moe_capacity_factor},
+                          {"moe_aux_loss_coef", s.moe_aux_loss_coef},
+                          {"moe_z_loss_coef", s.moe_z_loss_coef}};
     std::ofstream(dir / "config.json") << cfg.dump();
     const std::string cmd = python() + " " + APIARY_SOURCE_DIR + "/tools/ref/model_ref.py " +
                             dir.string();
@@ -141,4 +158,40 @@ TEST(ModelVsPyTorch, LlamaWithGqa) {
     s.vocab_size = 61, s.max_seq_len = 80, s.tie_embeddings = false;
     s.rope_theta = 10000.0f;
     run_case({s, 2, 67, 10}, "llama");
+}
+
+// Mixture of experts: the router (softmax or sigmoid with its selection
+// bias), the capacity cut, shared experts, dense leading blocks, and the
+// balance and z losses in every gradient. Coefficients well above the
+// defaults so that a wrong router-loss gradient shows at 1e-5.
+TEST(ModelVsPyTorch, Gpt2MoeTop2WithCapacityAndSharedExpert) {
+    core::ModelSpec s;
+    s.arch = core::Arch::gpt2;
+    s.n_layer = 3, s.n_embd = 24, s.n_head = 2, s.n_kv_head = 2;
+    s.vocab_size = 41, s.max_seq_len = 40, s.tie_embeddings = true;
+    s.n_expert = 4, s.n_expert_active = 2, s.n_shared_expert = 1, s.moe_ffn_hidden = 20;
+    s.moe_dense_layers = 1, s.moe_capacity_factor = 1.0f;
+    s.moe_aux_loss_coef = 0.1f, s.moe_z_loss_coef = 0.01f;
+    run_case({s, 3, 23, 10}, "gpt2_moe");
+}
+
+TEST(ModelVsPyTorch, LlamaMoeTop1SigmoidRouter) {
+    core::ModelSpec s;
+    s.arch = core::Arch::llama;
+    s.n_layer = 2, s.n_embd = 32, s.n_head = 4, s.n_kv_head = 2, s.ffn_hidden = 40;
+    s.vocab_size = 37, s.max_seq_len = 40, s.tie_embeddings = false;
+    s.n_expert = 3, s.n_expert_active = 1, s.moe_ffn_hidden = 24;
+    s.moe_sigmoid = true, s.moe_capacity_factor = 1.25f;
+    s.moe_aux_loss_coef = 0.1f, s.moe_z_loss_coef = 0.01f;
+    run_case({s, 2, 29, 10}, "llama_moe");
+}
+
+TEST(ModelVsPyTorch, LlamaMoeTop2DroplessSoftmax) {
+    core::ModelSpec s;
+    s.arch = core::Arch::llama;
+    s.n_layer = 2, s.n_embd = 32, s.n_head = 4, s.n_kv_head = 4, s.ffn_hidden = 40;
+    s.vocab_size = 37, s.max_seq_len = 40, s.tie_embeddings = false;
+    s.n_expert = 5, s.n_expert_active = 2, s.n_shared_expert = 2, s.moe_ffn_hidden = 16;
+    s.moe_dropless = true, s.moe_aux_loss_coef = 0.1f, s.moe_z_loss_coef = 0.01f;
+    run_case({s, 2, 31, 10}, "llama_moe_dropless");
 }

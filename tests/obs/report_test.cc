@@ -210,6 +210,29 @@ TEST(Metrics, ServesTheStepAndSensorsOverHttp) {
     EXPECT_EQ(body.find("apiary_cpu_frequency_hertz"), std::string::npos);
 }
 
+TEST(Metrics, ServesTheExpertLoadOfMoeBlocks) {
+    const int port = free_port();
+    MetricsServer m("127.0.0.1", port, 1, "r", nullptr);
+    StepValues v;
+    v.step = 3;
+    m.update(v);
+    MoeLoad l;
+    l.layer = 2;
+    l.tokens = {30, 10};
+    l.imbalance = 1.5;
+    l.dropped = 4;
+    m.set_moe_load({l});
+    const std::string body = http_get(port, "/metrics");
+    EXPECT_NE(body.find("apiary_moe_expert_tokens{rank=\"1\",run=\"r\",layer=\"2\",expert=\"0\"} "
+                        "30"),
+              std::string::npos)
+        << body;
+    EXPECT_NE(body.find("expert=\"1\"} 10"), std::string::npos);
+    EXPECT_NE(body.find("apiary_moe_load_imbalance{rank=\"1\",run=\"r\",layer=\"2\"} 1.5"),
+              std::string::npos);
+    EXPECT_NE(body.find("apiary_moe_dropped_tokens{rank=\"1\",run=\"r\",layer=\"2\"} 4"),
+              std::string::npos);
+}
 
 TEST(Metrics, IdleHalfSentRequestsDoNotBlockAScrape) {
     const int port = free_port();

@@ -182,6 +182,43 @@ TEST_F(Layouts, RecomputeModesGiveTheSameGradients) {
     EXPECT_EQ(runs_->params("tp_none", 10), runs_->params("tp_full", 10));
 }
 
+TEST_F(Layouts, MixtureOfExpertsDataParallelAndZeroMatchOneRank) {
+    // Router statistics (capacity, the balance loss) are per micro-batch, so
+    // the one-rank run takes the same micro-batches of 2 sequences as each
+    // data-parallel rank: 8 of them per step against 4 on each of 2 ranks
+    // (the loader hands rank r the r-th pair of each micro-step's draws).
+    for (const auto& [arch, moe] : std::vector<std::pair<std::string, std::string>>{
+             {"gpt2",
+              "--set model.n_layer=3 --set model.n_expert=4 --set model.n_expert_active=2 "
+              "--set model.moe_ffn_hidden=96 --set model.n_shared_expert=1 "
+              "--set model.moe_dense_layers=1 --set model.moe_aux_loss_coef=0.1 "},
+             {"llama",
+              "--set model.n_layer=2 --set model.n_expert=3 --set model.n_expert_active=1 "
+              "--set model.moe_ffn_hidden=64 --set model.moe_router=sigmoid "
+              "--set model.moe_dropless=true --set model.moe_aux_loss_coef=0.1 "}}) {
+        SCOPED_TRACE(arch);
+        run(arch + "_base", 1, 2, arch, moe + "--set train.grad_accum=8");
+        init(arch + "_init", arch, moe);
+        for (const auto& [name, extra] : std::vector<std::pair<std::string, std::string>>{
+                 {"dp2", "--set parallel.dp=2"},
+                 {"dp2_zero1", "--set parallel.dp=2 --set parallel.zero_stage=1"},
+                 {"dp2_zero3", "--set parallel.dp=2 --set parallel.zero_stage=3"}}) {
+            run(arch + "_" + name, 2, 2, arch, moe + extra);
+            expect_same(arch + "_base", arch + "_init", arch + "_" + name, 1e-5, 1e-4, 1e-4);
+        }
+        // The expert load is logged per block (metrics.jsonl).
+        bool logged = false;
+        for (const auto& j : runs_->metrics(arch + "_dp2_zero3")) {
+            if (!j.contains("moe")) continue;
+            logged = true;
+            const auto& first = j["moe"][0];
+            EXPECT_EQ(first["tokens"].size(), arch == "gpt2" ? 4u : 3u);
+            EXPECT_GE(first["imbalance"].get<double>(), 1.0);
+        }
+        EXPECT_TRUE(logged);
+    }
+}
+
 TEST_F(Layouts, BadLayoutIsRefusedOnceBeforeAnyRankAllocates) {
     const auto r = runs_->run(
         "bad", 4,

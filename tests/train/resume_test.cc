@@ -6,6 +6,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "core/config.h"
 #include "core/error.h"
@@ -22,7 +24,8 @@ std::vector<char> read_file(const fs::path& p) {
     return {std::istreambuf_iterator<char>(in), {}};
 }
 
-void check_resume(const std::string& precision, const std::string& inject) {
+void check_resume(const std::string& precision, const std::string& inject,
+                  const std::vector<std::string>& extra = {}) {
     const fs::path dir =
         fs::temp_directory_path() / ("apiary_resume_" + precision + std::to_string(::getpid()));
     fs::create_directories(dir);
@@ -39,6 +42,7 @@ void check_resume(const std::string& precision, const std::string& inject) {
         }
         c.set("train.precision=" + precision);
         c.set("debug.inject_overflow_steps=" + inject);
+        for (const auto& kv : extra) c.set(kv);
         c.set("run.dir=" + (dir / name).string());
         return c;
     };
@@ -66,6 +70,13 @@ void check_resume(const std::string& precision, const std::string& inject) {
 
 TEST(Resume, EqualsUninterruptedFp32) { check_resume("fp32", ""); }
 TEST(Resume, EqualsUninterruptedFp16WithScalerState) { check_resume("fp16", "3,6"); }
+// Experts, the sigmoid router's selection bias and its AdamW state resume
+// with the rest (the checkpoint records the MoE shape).
+TEST(Resume, EqualsUninterruptedMixtureOfExperts) {
+    check_resume("fp32", "",
+                 {"model.n_expert=4", "model.n_expert_active=2", "model.moe_ffn_hidden=64",
+                  "model.moe_router=sigmoid", "model.n_shared_expert=1"});
+}
 
 TEST(Resume, FinishedRunNeedsMoreSteps) {
     const fs::path dir =

@@ -1,4 +1,5 @@
-"""PyTorch reference for apiary's GPT-2 and LLaMA (tests/model/model_ref_test.cc).
+"""PyTorch reference for apiary's GPT-2 and LLaMA, dense or with mixture-of-experts
+blocks (tests/model/model_ref_test.cc).
 
 Reads DIR/config.json, DIR/params.safetensors (apiary's initial parameters,
 by apiary's names) and DIR/batch.safetensors (tokens and targets, one batch
@@ -49,11 +50,85 @@ def rope(x, theta):
     return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
 
 
+def expert_mlp(cfg, P, q, x):
+    # One expert (or the shared ones) of apiary's MoE block: no biases.
+    if cfg["arch"] == "gpt2":
+        return F.gelu(x @ P[q + "c_fc.weight"].T, approximate="tanh") @ P[q + "c_proj.weight"].T
+    g = F.silu(x @ P[q + "gate_proj.weight"].T) * (x @ P[q + "up_proj.weight"].T)
+    return g @ P[q + "down_proj.weight"].T
+
+
+def moe_mlp(cfg, P, p, h):
+    """apiary's MoE block (src/model/moe.cc, src/kernels/cpu/moe.cc) on h (B, T, C).
+
+    Returns the output and the router terms of the objective: the balance
+    and z losses times their coefficients, and for the sigmoid router a
+    zero-valued term whose gradient for the selection bias is f_e - 1/E.
+    """
+    B, T, C = h.shape
+    N = B * T
+    E, K = cfg["n_expert"], cfg["n_expert_active"]
+    x = h.reshape(N, C)
+    logits = x @ P[p + "gate.weight"].T
+    sigmoid = cfg["moe_router"] == "sigmoid"
+    probs = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, dim=-1)
+    # Choices: by sigmoid score + bias, or by logit; ties to the lower index
+    # (argmax returns the first maximum).
+    score = (probs + P[p + "gate.e_score_correction_bias"]) if sigmoid else logits
+    score = score.detach().clone()
+    chosen = []
+    for _ in range(K):
+        idx = torch.argmax(score, dim=-1)
+        chosen.append(idx)
+        score[torch.arange(N), idx] = -math.inf
+    expert = torch.stack(chosen, dim=1)  # (N, K)
+    sel = probs.gather(1, expert)
+    gate = sel if K == 1 else sel / sel.sum(dim=1, keepdim=True)
+    if cfg["moe_dropless"]:
+        cap = N
+    else:
+        cap = min(N, max(1, math.ceil(cfg["moe_capacity_factor"] * N * K / E)))
+    count, routed = [0] * E, [0] * E
+    keep = torch.zeros(N, K, dtype=torch.bool)
+    for j in range(K):
+        for t in range(N):
+            e = int(expert[t, j])
+            routed[e] += 1
+            if count[e] < cap:
+                keep[t, j] = True
+                count[e] += 1
+    out = torch.zeros(N, C, dtype=h.dtype)
+    for e in range(E):
+        mask = (expert == e) & keep
+        tok, j = mask.nonzero(as_tuple=True)
+        if len(tok) == 0:
+            continue
+        y = expert_mlp(cfg, P, p + f"experts.{e}.", x[tok])
+        out = out.index_add(0, tok, gate[tok, j].unsqueeze(1) * y)
+    if cfg["n_shared_expert"] > 0:
+        out = out + expert_mlp(cfg, P, p + "shared_experts.", x)
+    f = torch.tensor(routed, dtype=h.dtype) / (N * K)
+    Pe = (probs / probs.sum(dim=1, keepdim=True) if sigmoid else probs).mean(dim=0)
+    aux = E * (f * Pe).sum()
+    z = (torch.logsumexp(logits, dim=-1) ** 2).mean()
+    term = cfg["moe_aux_loss_coef"] * aux + cfg["moe_z_loss_coef"] * z
+    if sigmoid:
+        b = P[p + "gate.e_score_correction_bias"]
+        pull = (b * (f - 1.0 / E)).sum()
+        term = term + pull - pull.detach()
+    return out.view(B, T, C), term
+
+
+def is_moe(cfg, l):
+    return cfg.get("n_expert", 0) > 0 and l >= cfg.get("moe_dense_layers", 0)
+
+
 def forward(cfg, P, tok):
     B, T = tok.shape
     C, NH, L = cfg["n_embd"], cfg["n_head"], cfg["n_layer"]
     HS = C // NH
     eps = cfg["norm_eps"]
+    router = 0.0  # the MoE blocks' router terms, summed
     if cfg["arch"] == "gpt2":
         x = P["wte.weight"][tok] + P["wpe.weight"][:T]
         for l in range(L):
@@ -65,6 +140,10 @@ def forward(cfg, P, tok):
             y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, C)
             x = x + y @ P[p + "attn.c_proj.weight"].T + P[p + "attn.c_proj.bias"]
             h = layernorm(x, P[p + "ln_2.weight"], P[p + "ln_2.bias"], eps)
+            if is_moe(cfg, l):
+                y, term = moe_mlp(cfg, P, p + "mlp.", h)
+                x, router = x + y, router + term
+                continue
             f = F.gelu(h @ P[p + "mlp.c_fc.weight"].T + P[p + "mlp.c_fc.bias"], approximate="tanh")
             x = x + f @ P[p + "mlp.c_proj.weight"].T + P[p + "mlp.c_proj.bias"]
         x = layernorm(x, P["ln_f.weight"], P["ln_f.bias"], eps)
@@ -86,11 +165,15 @@ def forward(cfg, P, tok):
             y = y.transpose(1, 2).reshape(B, T, C)
             x = x + y @ P[p + "self_attn.o_proj.weight"].T
             h = rmsnorm(x, P[p + "post_attention_layernorm.weight"], eps)
+            if is_moe(cfg, l):
+                y, term = moe_mlp(cfg, P, p + "mlp.", h)
+                x, router = x + y, router + term
+                continue
             g = F.silu(h @ P[p + "mlp.gate_proj.weight"].T) * (h @ P[p + "mlp.up_proj.weight"].T)
             x = x + g @ P[p + "mlp.down_proj.weight"].T
         x = rmsnorm(x, P["model.norm.weight"], eps)
         head = P["model.embed_tokens.weight"] if cfg["tie_embeddings"] else P["lm_head.weight"]
-    return x @ head.T
+    return x @ head.T, router
 
 
 def main(d):
@@ -104,13 +187,18 @@ def main(d):
     V = cfg["vocab_size"]
 
     def loss_of(step):
-        logits = forward(cfg, P, tokens[step])
-        loss = F.cross_entropy(logits.reshape(-1, V), targets[step].reshape(-1), ignore_index=-1)
-        return logits, loss
+        # The cross-entropy, and the objective apiary differentiates: the
+        # router terms weigh as the loss of the micro-batch's N tokens does,
+        # i.e. N / (counted targets) against the mean cross-entropy.
+        logits, router = forward(cfg, P, tokens[step])
+        t = targets[step].reshape(-1)
+        loss = F.cross_entropy(logits.reshape(-1, V), t, ignore_index=-1)
+        objective = loss + router * (t.numel() / (t >= 0).sum().item())
+        return logits, loss, objective
 
     out = {}
-    logits, loss = loss_of(0)
-    loss.backward()
+    logits, loss, objective = loss_of(0)
+    objective.backward()
     out["logits"] = logits.detach().numpy()
     out["loss"] = np.array([loss.item()])
     for k, p in P.items():
@@ -126,8 +214,8 @@ def main(d):
     losses = []
     for step in range(cfg["steps"]):
         opt.zero_grad()
-        _, loss = loss_of(step)
-        loss.backward()
+        _, loss, objective = loss_of(step)
+        objective.backward()
         if cfg["grad_clip"] > 0:
             torch.nn.utils.clip_grad_norm_(list(P.values()), cfg["grad_clip"])
         opt.step()

@@ -26,11 +26,10 @@ json moe_load_record(parallel::Engine& engine, std::vector<obs::MoeLoad>* load) 
         b[2 * E + 1] = stats[i].z_sum;
         b[2 * E + 2] = double(stats[i].batches);
     }
-    if (comm::ProcessGroup* w = engine.world()) {
-        w->all_reduce(buf.data(), int64_t(buf.size()), core::DType::f64, comm::ReduceOp::sum,
-                      {"moe_load", 0})
-            ->wait();
-    }
+    engine.world()
+        .all_reduce(buf.data(), int64_t(buf.size()), core::DType::f64, comm::ReduceOp::sum,
+                    {"moe_load", 0})
+        ->wait();
     json out = json::array();
     load->clear();
     for (size_t i = 0; i < stats.size(); ++i) {

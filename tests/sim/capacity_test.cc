@@ -15,15 +15,7 @@
 namespace apiary::sim {
 namespace {
 
-template <class F>
-std::string error_of(F f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
-}
+using test::error_of;
 
 std::vector<std::pair<double, long long>> pairs(const std::vector<CapacityStep>& s) {
     std::vector<std::pair<double, long long>> v;

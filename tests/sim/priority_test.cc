@@ -10,15 +10,7 @@
 namespace apiary::sim {
 namespace {
 
-template <class F>
-std::string error_of(F f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
-}
+using test::error_of;
 
 SimJob user_job(const std::string& id, const std::string& user, double submit, long long n,
                 double run) {

@@ -13,6 +13,18 @@
 
 namespace apiary::sim::test {
 
+// The message of the Error (DataError, ConfigError, ...) that `f` throws
+// ("" if none).
+template <class F>
+std::string error_of(F f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
 // A config of the planner's schema (the CLI's, less the trainer's keys).
 inline core::Config config(const std::vector<std::string>& sets) {
     core::Config c(plan::test::schema());

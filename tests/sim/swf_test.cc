@@ -21,15 +21,7 @@
 namespace apiary::sim {
 namespace {
 
-template <class F>
-std::string error_of(F f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
-}
+using test::error_of;
 
 Trace swf(const std::string& text, long long ppn = 1) { return parse_swf(text, "t.swf", ppn); }
 

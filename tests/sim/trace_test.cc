@@ -19,16 +19,7 @@
 namespace apiary::sim {
 namespace {
 
-// The message of the DataError / ConfigError that `f` throws ("" if none).
-template <class F>
-std::string error_of(F f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
-}
+using test::error_of;
 
 Trace csv(const std::string& text) { return parse_trace(text, "t.csv", TraceFormat::csv); }
 

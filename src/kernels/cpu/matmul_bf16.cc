@@ -21,19 +21,19 @@
 #if defined(__F16C__)
 #include <immintrin.h>
 #endif
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
-#include <chrono>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
 
-#include "core/tensor.h"
-
 #include "core/error.h"
+#include "core/tensor.h"
 #include "kernels/cpu/best_rate.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/kernels.h"
@@ -45,8 +45,8 @@ using namespace simd;  // NOLINT: the 16-lane vocabulary of these kernels
 namespace {
 
 // (trans_a, trans_b, M, N, K, lda, ldb, ldc, accumulate, bias, bf16 output)
-using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
-                       bool, bool>;
+using Key =
+    std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool>;
 
 struct Cache {
     dnnl::engine engine{dnnl::engine::kind::cpu, 0};
@@ -78,20 +78,23 @@ void widen(float* dst, const uint16_t* src, int64_t rows, int64_t cols, int64_t 
 }
 
 // matmul_bf16's contract through fp32 sgemm on widened copies (see the top).
-void matmul_widened(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-                    const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta,
-                    const float* bias, void* C, int64_t ldc, bool c_bf16) {
+void matmul_widened(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const uint16_t* A,
+                    int64_t lda, const uint16_t* B, int64_t ldb, float beta, const float* bias,
+                    void* C, int64_t ldc, bool c_bf16) {
     // Stored shapes: op(A) is M x K, so A is K x M when transposed.
     const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
     const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-    std::vector<float> a(size_t(a_rows * a_cols)), b(size_t(b_rows * b_cols));
+    // Grow-only scratch, kept between calls: a fresh allocation per GEMM
+    // would fault its pages in every time (they cost more than the copy).
+    thread_local std::vector<float> a, b, c16;  // c16: the fp32 result when C is bf16
+    a.resize(std::max(a.size(), size_t(a_rows * a_cols)));
+    b.resize(std::max(b.size(), size_t(b_rows * b_cols)));
     widen(a.data(), A, a_rows, a_cols, lda);
     widen(b.data(), B, b_rows, b_cols, ldb);
-    std::vector<float> c16;  // the fp32 result when C is bf16
     float* out = static_cast<float*>(C);
     int64_t ldo = ldc;
     if (c_bf16) {
-        c16.assign(size_t(M * N), 0.0f);
+        c16.resize(std::max(c16.size(), size_t(M * N)));
         if (beta == 1.0f) widen(c16.data(), static_cast<const uint16_t*>(C), M, N, ldc);
         out = c16.data();
         ldo = N;
@@ -139,11 +142,10 @@ void matmul_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, co
                 po.append_sum(1.0f);
                 attr.set_post_ops(po);
             }
-            const auto desc = bias ? dnnl::matmul::desc(a_md, b_md,
-                                                        dnnl::memory::desc({1, N}, dt::f32,
-                                                                           dims{N, 1}),
-                                                        c_md)
-                                   : dnnl::matmul::desc(a_md, b_md, c_md);
+            const auto desc =
+                bias ? dnnl::matmul::desc(a_md, b_md,
+                                          dnnl::memory::desc({1, N}, dt::f32, dims{N, 1}), c_md)
+                     : dnnl::matmul::desc(a_md, b_md, c_md);
             dnnl::matmul::primitive_desc p;
             try {
                 p = dnnl::matmul::primitive_desc(desc, attr, c.engine);

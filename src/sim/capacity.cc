@@ -128,15 +128,9 @@ void parse_capacity_csv(const std::string& text, const std::string& source, Capa
         break;
     }
     std::vector<std::string> header;
-    int line_no = 0;
     int kind = -1;  // 0 levels, 1 events, 2 reservations
     double last_t = -1;
-    for (const auto& line : split_lines(text)) {
-        ++line_no;
-        const std::string where = fmt::format("{}:{}", source, line_no);
-        if (is_blank_or_comment(line)) continue;
-        auto cells = split_csv(line, where);
-        for (auto& c : cells) c = trim(c);
+    for_each_csv_row(text, source, [&](std::vector<std::string>& cells, const std::string& where) {
         if (header.empty()) {
             header = cells;
             const std::string h = fmt::format("{}", fmt::join(header, ","));
@@ -152,7 +146,7 @@ void parse_capacity_csv(const std::string& text, const std::string& source, Capa
                     "start,end,nodes",
                     where, printable(h)));
             }
-            continue;
+            return;
         }
         if (cells.size() != header.size()) {
             throw DataError(fmt::format("{}: {} cells but the header has {} fields ({})", where,
@@ -188,7 +182,7 @@ void parse_capacity_csv(const std::string& text, const std::string& source, Capa
             in.reservations.push_back(
                 {s, e, (long long)cell_integer(cell(2), 1, 1e9, "a whole number >= 1")});
         }
-    }
+    });
     if (header.empty()) throw DataError(fmt::format("{}: no header line", source));
 }
 

@@ -51,13 +51,7 @@ Policy parse_policy(const std::string& name) {
 Limits parse_limits(const std::string& text, const std::string& source) {
     Limits l;
     std::vector<std::string> header;
-    int line_no = 0;
-    for (const auto& line : split_lines(text)) {
-        ++line_no;
-        const std::string where = fmt::format("{}:{}", source, line_no);
-        if (is_blank_or_comment(line)) continue;
-        auto cells = split_csv(line, where);
-        for (auto& c : cells) c = trim(c);
+    for_each_csv_row(text, source, [&](std::vector<std::string>& cells, const std::string& where) {
         if (header.empty()) {
             header = cells;
             if (fmt::format("{}", fmt::join(header, ",")) !=
@@ -66,7 +60,7 @@ Limits parse_limits(const std::string& text, const std::string& source) {
                     fmt::format("{}: header '{}' is not kind,name,max_running_jobs,max_nodes",
                                 where, printable(fmt::format("{}", fmt::join(header, ",")))));
             }
-            continue;
+            return;
         }
         if (cells.size() != 4) {
             throw DataError(
@@ -94,7 +88,7 @@ Limits parse_limits(const std::string& text, const std::string& source) {
             throw DataError(fmt::format("{}: {} '{}' has a limit already", where, cells[0],
                                         printable(cells[1])));
         }
-    }
+    });
     if (header.empty()) throw DataError(fmt::format("{}: no header line", source));
     return l;
 }

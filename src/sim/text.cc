@@ -261,4 +261,18 @@ std::string gunzip(const std::string& data, const std::string& path, const char*
     return out;
 }
 
+void for_each_csv_row(
+    const std::string& text, const std::string& source,
+    const std::function<void(std::vector<std::string>& cells, const std::string& where)>& row) {
+    int line_no = 0;
+    for (const auto& line : split_lines(text)) {
+        ++line_no;
+        if (is_blank_or_comment(line)) continue;
+        const std::string where = fmt::format("{}:{}", source, line_no);
+        auto cells = split_csv(line, where);
+        for (auto& c : cells) c = trim(c);
+        row(cells, where);
+    }
+}
+
 }  // namespace apiary::sim

@@ -2,6 +2,7 @@
 // Text helpers shared by the trace, profile and Slurm readers: cells that
 // know where they came from, so every parse error names file, line and field.
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,11 @@ std::vector<std::string> split_lines(const std::string& text);
 bool is_blank_or_comment(const std::string& line);
 // Comma-separated cells; a cell may be "quoted" (with "" for a quote).
 std::vector<std::string> split_csv(const std::string& line, const std::string& where);
+// Every line of a CSV text that is not blank or a comment, split and its
+// cells trimmed: row(cells, where), where being "source:line".
+void for_each_csv_row(
+    const std::string& text, const std::string& source,
+    const std::function<void(std::vector<std::string>& cells, const std::string& where)>& row);
 std::vector<std::string> split(const std::string& s, char sep);
 
 // The name in `names` closest to `name` by edit distance, "" when none is close.

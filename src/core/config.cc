@@ -453,6 +453,11 @@ void add_shared_keys(Schema& s) {
                  "blocks per pipeline stage (per virtual stage when interleaved), comma-separated, "
                  "e.g. \"5,4,3\" (empty: balanced by the planner's cost model, the head's "
                  "cost included)");
+    s.add_string("parallel.layout", "manual",
+                 "manual: the parallel.* keys as given; auto: apiary train asks the planner "
+                 "(with plan.calibration, and the ranks and hosts it was launched on) for the "
+                 "fastest layout that fits the global batch and trains with it",
+                 {"manual", "auto"});
     s.add_string("parallel.axis_order", kAxisOrder,
                  "mesh axes from fastest-varying (neighbouring ranks) to slowest");
 }

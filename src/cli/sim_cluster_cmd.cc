@@ -455,9 +455,10 @@ void add_sim_cluster(CLI::App* sim) {
     cmd->add_option("--repair-hours", o.repair_h, "a failed node is back after this")
         ->check(CLI::Range(0.0, 1e6));
     cmd->add_option("--latency-s", o.latency,
-                    "the scheduler starts a job this long after it arrives, and devices are free "
-                    "this long after a job ends; auto: measured from a Slurm record (sacct, "
-                    "jobcomp), 0 for any other trace");
+                    "seconds the scheduler takes to react: a job is first considered this long "
+                    "after it arrives, and a job's devices are free this long after it ends (not "
+                    "busy in between); auto (default): measured from a Slurm record (sacct, "
+                    "jobcomp), 0 for every other trace (SWF, CSV, JSON, recorded starts or not)");
     cmd->add_option("--queue-depth", o.queue_depth,
                     "queued jobs looked at per pass (default 1000, or bf_max_job_test)")
         ->check(CLI::Range(1, 100000000));

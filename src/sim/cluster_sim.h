@@ -82,7 +82,8 @@ struct SimConfig {
     // The scheduler reacts this long after a job arrives or ends: a job is
     // first considered `latency_s` after its submission, and devices come back
     // `latency_s` after a run ends (Slurm's controller ticks and job epilogs:
-    // about 1 s).
+    // about 1 s). In between they are neither busy (utilisation, device-hours
+    // and energy count only the jobs' runs) nor free.
     double latency_s = 0;
     double mtbf_node_s = 0;      // 0: nodes never fail
     double repair_s = 4 * 3600;  // a failed node is back after this

@@ -292,6 +292,8 @@ void EventLoop::finish(int j) {
     }
     waiters_[size_t(j)].clear();
     if (cfg_.latency_s > 0) {  // e.g. Slurm's epilog and next tick: not free yet
+        // No longer busy (utilisation counts jobs' time only), not yet free.
+        busy_ -= (long long)r.slots.size();
         r.state = RunState::releasing;
         running_[r.pool].erase(r.until);
         r.until = running_[r.pool].emplace(now_ + cfg_.latency_s, j);
@@ -314,7 +316,7 @@ void EventLoop::free_devices(int j) {
             --drain_;
         }
     }
-    busy_ -= (long long)r.slots.size();
+    if (r.state != RunState::releasing) busy_ -= (long long)r.slots.size();
     const int per_node = cfg_.per_node;
     int prev = -1;
     for (int32_t s : r.slots) {

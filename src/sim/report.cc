@@ -7,6 +7,8 @@
 #include <numeric>
 #include <ostream>
 
+#include "sim/text.h"
+
 namespace apiary::sim {
 
 double percentile(std::vector<double> v, double q) {
@@ -116,22 +118,6 @@ std::string summary_table(const std::vector<Summary>& rows) {
     }
     return out;
 }
-
-namespace {
-
-// A CSV cell: quoted (quotes doubled) when it holds a comma, quote or line
-// break, or always when `always`.
-std::string csv_quote(const std::string& v, bool always = false) {
-    if (!always && v.find_first_of(",\"\r\n") == std::string::npos) return v;
-    std::string q = "\"";
-    for (char c : v) {
-        if (c == '"') q += '"';
-        q += c;
-    }
-    return q + "\"";
-}
-
-}  // namespace
 
 void write_jobs_csv(const std::vector<SimJob>& jobs, const std::vector<SimResult>& results,
                     std::ostream& out) {

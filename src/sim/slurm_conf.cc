@@ -155,7 +155,10 @@ SlurmConf parse_slurm_conf(const std::string& text, const std::string& source, b
 }
 
 SlurmConf read_slurm_conf(const std::string& path, bool need_nodes) {
-    return parse_slurm_conf(read_text_file(path, "slurm.conf"), path, need_nodes);
+    SlurmConf c;
+    with_printable_errors(
+        [&] { c = parse_slurm_conf(read_text_file(path, "slurm.conf"), path, need_nodes); });
+    return c;
 }
 
 }  // namespace apiary::sim

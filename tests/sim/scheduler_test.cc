@@ -186,7 +186,8 @@ TEST(SimScheduler, TimeLimitEndsARun) {
 }
 
 // The scheduler's latency delays a job's first chance to start, and the
-// reuse of the devices a run held.
+// reuse of the devices a run held; the devices are not busy in between
+// (utilisation and device-hours count the runs only).
 TEST(SimScheduler, LatencyDelaysArrivalsAndReleases) {
     std::vector<SimJob> jobs = {test::job("first", 0, 2, 5), test::job("second", 0, 2, 5)};
     SimConfig cfg = test::cluster(1, 2);
@@ -196,6 +197,8 @@ TEST(SimScheduler, LatencyDelaysArrivalsAndReleases) {
     EXPECT_DOUBLE_EQ(r.jobs[0].end, 6);
     EXPECT_DOUBLE_EQ(r.jobs[1].start, 7);
     EXPECT_DOUBLE_EQ(r.jobs[1].start - jobs[1].spec.submit, 7);  // the wait counts it
+    EXPECT_DOUBLE_EQ(r.busy_device_s, 2 * 5 + 2 * 5.0);          // not 2 x (5 + 1) each
+    EXPECT_DOUBLE_EQ(r.jobs[0].device_s, 2 * 5.0);
 }
 
 // At the horizon the simulation stops: a run still going is accounted up to

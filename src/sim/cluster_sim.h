@@ -98,6 +98,9 @@ struct SimConfig {
     // PriorityWeightFairshare, and PriorityMaxAge (the age factor is 1 from there).
     double weight_age = 1000, weight_size = 1000, weight_fairshare = 1000;
     double priority_max_age_s = 7 * 86400;
+    // PriorityFavorSmall=YES: the job-size factor is 1 - the job's share of
+    // the cluster (smaller jobs higher) instead of the share.
+    bool favor_small = false;
     // PriorityCalcPeriod: queued jobs' priorities are recomputed this often;
     // a job queued in between is ranked by its priority when queued.
     double priority_calc_period_s = 300;

@@ -228,8 +228,10 @@ double EventLoop::priority_of(int j) const {
     }
     const double age_f =
         cfg_.priority_max_age_s > 0 ? std::min(1.0, age / cfg_.priority_max_age_s) : 1.0;
-    // Job size: the share of the cluster it asks for (PriorityFavorSmall=NO).
-    const double size_f = std::min(1.0, double(s.devices) / double(std::max(1LL, cfg_.devices())));
+    // Job size: the share of the cluster it asks for (PriorityFavorSmall=NO),
+    // or what it leaves (PriorityFavorSmall=YES).
+    const double share = std::min(1.0, double(s.devices) / double(std::max(1LL, cfg_.devices())));
+    const double size_f = cfg_.favor_small ? 1 - share : share;
     return cfg_.weight_age * age_f + cfg_.weight_size * size_f +
            cfg_.weight_fairshare * fs_factor_[size_t(share_idx_[j])];
 }

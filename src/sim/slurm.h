@@ -31,6 +31,7 @@ struct SlurmConf {
     double priority_max_age_s = -1;                                   // PriorityMaxAge
     double decay_half_life_s = -1;                                    // PriorityDecayHalfLife
     double calc_period_s = -1;                                        // PriorityCalcPeriod
+    int favor_small = -1;  // PriorityFavorSmall: 1 YES, 0 NO, -1 not set
     std::vector<std::string> notes;
 };
 // need_nodes: a file without NodeName lines is an error (the cluster's size

@@ -91,6 +91,14 @@ SlurmConf parse_slurm_conf(const std::string& text, const std::string& source, b
             c.priority_max_age_s =
                 parse_slurm_duration(m["prioritymaxage"], where + ": PriorityMaxAge");
         }
+        if (m.count("priorityfavorsmall")) {
+            const std::string v = lower(m["priorityfavorsmall"]);
+            if (v != "yes" && v != "no") {
+                throw ConfigError(fmt::format("{}: PriorityFavorSmall={} is not YES or NO", where,
+                                              printable(m["priorityfavorsmall"])));
+            }
+            c.favor_small = v == "yes";
+        }
         if (m.count("prioritycalcperiod")) {
             c.calc_period_s =
                 parse_slurm_duration(m["prioritycalcperiod"], where + ": PriorityCalcPeriod");

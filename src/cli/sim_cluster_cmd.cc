@@ -53,6 +53,8 @@ struct Options {
     int bf_max_job_test = 1;
     double bf_window_min = -1;
     bool favor_small = false;
+    double infer_users_min = 0;  // 0: users as the log names them
+    long long user_max_jobs = -1;
     double fit_fraction = 0.5;  // sim fit
 };
 
@@ -187,6 +189,7 @@ sim::SimConfig sim_config(const Options& o, const plan::Cluster& pc, const sim::
     }
     c.shares = parse_shares(o.shares);
     if (!o.limits.empty()) c.limits = sim::read_limits(o.limits);
+    if (o.user_max_jobs >= 0) c.limits.user["*"].max_jobs = o.user_max_jobs;
     c.bf_max_job_test = o.bf_max_job_test;
     if (o.bf_window_min > 0) {
         c.bf_window_s = o.bf_window_min * 60;
@@ -210,6 +213,20 @@ std::vector<std::string> policy_list(const Options& o, const sim::SlurmConf& slu
     }
     if (replay) return {"backfill"};
     return {"fifo", "backfill", "twolevel"};
+}
+
+// The trace, with users inferred when asked (--infer-users).
+sim::Trace read_log(const Options& o, const sim::ReadOptions& ro) {
+    sim::Trace t = sim::read_trace(o.trace, sim::parse_trace_format(o.trace_format), ro);
+    if (o.infer_users_min > 0) {
+        const long long n = sim::infer_users(t, o.infer_users_min * 60);
+        t.notes.push_back(
+            n > 0 ? fmt::format("--infer-users: {} users inferred (jobs of one size and time limit "
+                                "submitted at most {:g} min apart are one user's)",
+                                n, o.infer_users_min)
+                  : "--infer-users: the log names its users; none inferred");
+    }
+    return t;
 }
 
 // Everything one `sim cluster` run produced, for its outputs.
@@ -379,7 +396,7 @@ void run(const Options& o) {
     sim::ReadOptions ro;
     ro.devices = sim::parse_slurm_devices(o.slurm_devices);
     ro.procs_per_node = o.procs_per_node;
-    r.trace = sim::read_trace(o.trace, sim::parse_trace_format(o.trace_format), ro);
+    r.trace = read_log(o, ro);
     sim::SlurmConf slurm;
     size_cluster(o, r.trace, cfg, &slurm);
     bool replay = false;
@@ -451,7 +468,7 @@ FitOutcome fit_log(const Options& o) {
     sim::ReadOptions ro;
     ro.devices = sim::parse_slurm_devices(o.slurm_devices);
     ro.procs_per_node = o.procs_per_node;
-    r.trace = sim::read_trace(o.trace, sim::parse_trace_format(o.trace_format), ro);
+    r.trace = read_log(o, ro);
     bool recorded = false;
     for (const auto& j : r.trace.jobs) recorded |= j.recorded_start >= 0;
     if (!recorded) {
@@ -492,7 +509,8 @@ FitOutcome fit_log(const Options& o) {
     std::set<std::string> users, accounts;
     for (const auto& j : r.trace.jobs) users.insert(j.user), accounts.insert(j.account);
     const bool fairshare = users.size() > 1 || accounts.size() > 1;
-    const auto grid = sim::fit_grid(policies, o.capacity.empty(), fairshare);
+    const auto grid = sim::fit_grid(policies, o.capacity.empty(), fairshare,
+                                    users.size() > 1 && o.limits.empty());
     const auto t0 = core::Clock::now();
     f.tried = sim::fit_search(head, head_jobs, r.c, grid, f.warm_end, &f.best);
     f.search_s = core::seconds_since(t0);
@@ -674,6 +692,11 @@ void add_trace_options(CLI::App* cmd, Options& o) {
                     "default 7, or slurm.conf's PriorityDecayHalfLife)")
         ->check(CLI::Range(0.0, 1e6))
         ->each([&o](const std::string&) { o.half_life_given = true; });
+    cmd->add_option("--infer-users", o.infer_users_min,
+                    "a log that names no users (or one): jobs of one size and time limit "
+                    "submitted at most this many minutes apart are one user's (0: off, the "
+                    "default)")
+        ->check(CLI::Range(0.0, 1e6));
     cmd->add_option("--limits", o.limits,
                     "CSV kind,name,max_running_jobs,max_nodes: per-user / per-account limits "
                     "(kind user or account, name * for everyone else)");
@@ -713,6 +736,10 @@ void add_sim_cluster(CLI::App* sim) {
                     "multifactor: the age factor reaches 1 at this age (default 7, or "
                     "slurm.conf's PriorityMaxAge)")
         ->check(CLI::Range(0.0, 1e6));
+    cmd->add_option("--user-max-jobs", o.user_max_jobs,
+                    "every user runs at most this many jobs at once (a --limits line "
+                    "user,*,N,; sim fit searches it)")
+        ->check(CLI::Range(0LL, 1000000000LL));
     cmd->add_flag("--priority-favor-small", o.favor_small,
                   "multifactor: smaller jobs get the larger job-size factor (slurm.conf "
                   "PriorityFavorSmall=YES)");

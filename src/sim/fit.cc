@@ -2,9 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <ctime>
 #include <limits>
+#include <map>
+#include <set>
 
 #include "sim/capacity.h"
 #include "sim/report.h"
@@ -24,43 +27,49 @@ std::string FitSetting::name() const {
         if (favor_small) n += " --priority-favor-small";
         n += fmt::format(" --priority-max-age-days {:g}", max_age_s / 86400);
     }
+    if (user_max_jobs >= 0) n += fmt::format(" --user-max-jobs {}", user_max_jobs);
     if (implied_gap_h >= 0)
         n += fmt::format(" --capacity implied --implied-gap-hours {:g}", implied_gap_h);
     return n;
 }
 
 std::vector<FitSetting> fit_grid(const std::vector<std::string>& policies, bool implied,
-                                 bool fairshare) {
+                                 bool fairshare, bool user_limits) {
     std::vector<FitSetting> grid;
     std::vector<double> gaps = {-1};
-    if (implied) gaps.insert(gaps.end(), {2, 8});
+    if (implied) gaps.push_back(2);
+    std::vector<long long> limits = {-1};
+    if (user_limits) limits.insert(limits.end(), {1, 2, 4});
     for (const auto& p : policies) {
         FitSetting s;
         s.policy = p;
         const bool blocks = p == "fifo" || p == "multifactor-fifo";
-        const std::vector<int> depths = blocks ? std::vector<int>{1} : std::vector<int>{1, 10, 50};
-        for (double gap : gaps) {
-            s.implied_gap_h = gap;
-            for (int d : depths) {
-                s.bf_max_job_test = d;
-                if (!s.multifactor()) {
-                    grid.push_back(s);
-                    continue;
-                }
-                // Job size: favouring large jobs (Slurm's default), not at
-                // all, favouring small ones (PriorityFavorSmall=YES), each
-                // against age at PriorityMaxAge 1 and 7 days.
-                const std::vector<std::pair<double, bool>> sizes = {
-                    {5000, false}, {1000, false}, {0, false}, {1000, true}, {5000, true}};
-                for (const auto& [w, small] : sizes) {
-                    for (double age_days : {1.0, 7.0}) {
-                        for (double fs :
-                             fairshare ? std::vector<double>{0, 1000} : std::vector<double>{0}) {
-                            s.weight_size = w;
-                            s.favor_small = small;
-                            s.max_age_s = age_days * 86400;
-                            s.weight_fairshare = fs;
-                            grid.push_back(s);
+        const std::vector<int> depths = blocks ? std::vector<int>{1} : std::vector<int>{1, 10};
+        for (long long lim : limits) {
+            s.user_max_jobs = lim;
+            for (double gap : gaps) {
+                s.implied_gap_h = gap;
+                for (int d : depths) {
+                    s.bf_max_job_test = d;
+                    if (!s.multifactor()) {
+                        grid.push_back(s);
+                        continue;
+                    }
+                    // Job size: favouring large jobs (Slurm's default), not at
+                    // all, favouring small ones (PriorityFavorSmall=YES), each
+                    // against age at PriorityMaxAge 1 and 7 days.
+                    const std::vector<std::pair<double, bool>> sizes = {
+                        {1000, false}, {0, false}, {1000, true}};
+                    for (const auto& [w, small] : sizes) {
+                        for (double age_days : {1.0, 7.0}) {
+                            for (double fs : fairshare ? std::vector<double>{0, 1000}
+                                                       : std::vector<double>{0}) {
+                                s.weight_size = w;
+                                s.favor_small = small;
+                                s.max_age_s = age_days * 86400;
+                                s.weight_fairshare = fs;
+                                grid.push_back(s);
+                            }
                         }
                     }
                 }
@@ -68,6 +77,36 @@ std::vector<FitSetting> fit_grid(const std::vector<std::string>& policies, bool 
         }
     }
     return grid;
+}
+
+long long infer_users(Trace& trace, double window_s) {
+    std::set<std::string> named;
+    for (const auto& j : trace.jobs) {
+        if (!j.user.empty()) named.insert(j.user);
+    }
+    if (named.size() > 1) return 0;
+    std::vector<size_t> order(trace.jobs.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        return trace.jobs[a].submit < trace.jobs[b].submit;
+    });
+    struct Open {
+        std::string user;
+        double last = 0;
+    };
+    std::map<std::pair<long long, double>, Open> open;  // (size, time limit) -> campaign
+    long long users = 0;
+    for (size_t i : order) {
+        JobSpec& j = trace.jobs[i];
+        Open& o = open[{j.devices, j.time_limit}];
+        if (o.user.empty() || j.submit - o.last > window_s) {
+            o.user = "burst:" + j.id;
+            ++users;
+        }
+        o.last = j.submit;
+        j.user = o.user;
+    }
+    return users;
 }
 
 Policy apply_setting(const FitSetting& s, const Trace& trace, SimConfig& cfg) {
@@ -80,6 +119,7 @@ Policy apply_setting(const FitSetting& s, const Trace& trace, SimConfig& cfg) {
         cfg.favor_small = s.favor_small;
         cfg.priority_max_age_s = s.max_age_s;
     }
+    if (s.user_max_jobs >= 0) cfg.limits.user["*"].max_jobs = s.user_max_jobs;
     if (s.implied_gap_h >= 0) {
         auto steps = implied_capacity(trace, cfg.devices(), s.implied_gap_h * 3600);
         for (auto& st : steps) st.nodes = (st.nodes + cfg.per_node - 1) / cfg.per_node;

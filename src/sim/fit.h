@@ -29,19 +29,33 @@ struct FitSetting {
     // < 0: the capacity given (or the whole cluster); else --capacity
     // implied with this --implied-gap-hours.
     double implied_gap_h = -1;
+    // >= 0: every user may run at most this many jobs at once (Slurm's
+    // association MaxJobs for user "*"); < 0: the limits given.
+    long long user_max_jobs = -1;
 
     bool multifactor() const;
     std::string name() const;  // the `apiary sim cluster` flags that reproduce it
 };
 
-// The grid for these base policies: each with reservation depths 1, 10 and
-// 50 (fifo: none); multifactor with job-size weights favouring large jobs,
-// none, and favouring small jobs, at two PriorityMaxAge (1 and 7 days), and
-// fair share on or off when the log names more than one user or account;
-// each once with the capacity as given and, when `implied` (the log records
-// starts), with the capacity the log implies at gaps of 2 and 8 hours.
+// The grid for these base policies: each with reservation depths 1 and 10
+// (fifo: none); multifactor with age weight 1000 and job-size weight 1000
+// favouring large jobs, 0, or 1000 favouring small jobs, at two
+// PriorityMaxAge (1 and 7 days), and
+// fair share on or off when `fairshare` (the log names more than one user
+// or account); each once with the capacity as given and, when `implied`
+// (the log records starts and no capacity is given), with the capacity the
+// log implies at gaps of 2 hours; and when `user_limits` (users, and no
+// limits given), with no running-job limit per user and limits of 1, 2 and 4.
 std::vector<FitSetting> fit_grid(const std::vector<std::string>& policies, bool implied,
-                                 bool fairshare);
+                                 bool fairshare, bool user_limits = false);
+
+// Users inferred from a log that names none (or one): submissions of the
+// same size and time limit, each within `window_s` of the previous one,
+// are one user's campaign, named "burst:<its first job's id>" (a log's
+// ensembles, which per-user limits then hold back as a real user's would).
+// Returns how many users were inferred; 0 (and the trace untouched) when the
+// log names more than one user already.
+long long infer_users(Trace& trace, double window_s);
 
 // Applies a setting to a base configuration: the policy to simulate, and the
 // config's depth, weights and (implied) capacity, inferred from `trace`.

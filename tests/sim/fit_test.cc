@@ -50,7 +50,7 @@ TEST(SimFit, RecoversTheSettingThatRecordedTheLog) {
     const auto grid = fit_grid({"fifo", "backfill", "multifactor", "wfp"}, false, false);
     FitSetting small_first;
     small_first.policy = "multifactor";
-    small_first.weight_size = 5000;
+    small_first.weight_size = 1000;
     small_first.favor_small = true;
     small_first.max_age_s = 86400;
     FitSetting big_first = small_first;
@@ -73,8 +73,7 @@ TEST(SimFit, RecoversTheSettingThatRecordedTheLog) {
         EXPECT_EQ(b.waits.n, 400);
         EXPECT_EQ(b.setting.policy, truth.policy) << truth.name() << " -> " << b.setting.name();
         // Which way job size pulls is recovered; its weight against age only
-        // up to settings that order this log the same way (size 5000 at a
-        // 1-day PriorityMaxAge and 1000 at 7 days can).
+        // up to settings that order this log the same way.
         if (truth.multifactor()) {
             EXPECT_EQ(b.setting.favor_small, truth.favor_small) << b.setting.name();
             EXPECT_GT(b.setting.weight_size, 0) << b.setting.name();
@@ -113,10 +112,14 @@ TEST(SimFit, ScoreAndWaitStatsByHand) {
 }
 
 TEST(SimFit, GridAndGroups) {
-    // fifo 1; backfill 3 depths; multifactor 3 depths x 5 sizes x 2 ages; x 3 capacities.
+    // fifo 1; backfill 2 depths; multifactor 2 depths x 3 sizes x 2 ages; x 2 capacities.
     EXPECT_EQ(fit_grid({"fifo", "backfill", "multifactor"}, true, false).size(),
-              size_t(3 * (1 + 3 + 30)));
-    EXPECT_EQ(fit_grid({"multifactor"}, false, true).size(), size_t(60));  // fair share on/off
+              size_t(2 * (1 + 2 + 12)));
+    EXPECT_EQ(fit_grid({"multifactor"}, false, true).size(), size_t(24));  // fair share on/off
+    // User limits: none, 1, 2, 4.
+    const auto limited = fit_grid({"fifo"}, false, false, true);
+    ASSERT_EQ(limited.size(), size_t(4));
+    EXPECT_EQ(limited[2].name(), "--policies fifo --user-max-jobs 2");
     EXPECT_EQ(size_class(1), "1");
     EXPECT_EQ(size_class(2), "2");
     EXPECT_EQ(size_class(3), "3-4");
@@ -132,10 +135,44 @@ TEST(SimFit, GridAndGroups) {
     s.weight_size = 5000;
     s.max_age_s = 86400;
     s.implied_gap_h = 2;
+    s.user_max_jobs = 3;
     EXPECT_EQ(s.name(),
               "--policies multifactor --bf-max-job-test 10 --priority-weights "
               "age=1000,size=5000,fairshare=0 --priority-favor-small --priority-max-age-days 1 "
-              "--capacity implied --implied-gap-hours 2");
+              "--user-max-jobs 3 --capacity implied --implied-gap-hours 2");
+}
+
+// Campaigns: one size and time limit, each submission within the window of
+// the previous one; a log that names its users is left alone.
+TEST(SimFit, InfersUsersFromBursts) {
+    Trace t;
+    auto add = [&](const char* id, double submit, long long devices, double limit) {
+        JobSpec j;
+        j.id = id;
+        j.submit = submit;
+        j.devices = devices;
+        j.time_limit = limit;
+        j.user = "0";  // the log's one user
+        t.jobs.push_back(j);
+    };
+    add("a", 0, 4, 100);
+    add("b", 50, 4, 100);    // 50 s after a: a's campaign
+    add("x", 60, 2, 100);    // another size
+    add("c", 100, 4, 100);   // 50 s after b: still a's
+    add("d", 200, 4, 100);   // 100 s after c: a new one
+    add("e", 210, 4, 3600);  // another time limit
+    EXPECT_EQ(infer_users(t, 60), 4);
+    EXPECT_EQ(t.jobs[0].user, "burst:a");
+    EXPECT_EQ(t.jobs[1].user, "burst:a");
+    EXPECT_EQ(t.jobs[2].user, "burst:x");
+    EXPECT_EQ(t.jobs[3].user, "burst:a");
+    EXPECT_EQ(t.jobs[4].user, "burst:d");
+    EXPECT_EQ(t.jobs[5].user, "burst:e");
+    t.jobs[0].user = "alice";
+    t.jobs[1].user = "bob";
+    Trace named = t;
+    EXPECT_EQ(infer_users(named, 60), 0);
+    EXPECT_EQ(named.jobs[1].user, "bob");
 }
 
 // PriorityFavorSmall: a 1-device job queued behind a 3-device one (both

@@ -55,6 +55,7 @@ struct Options {
     bool favor_small = false;
     double infer_users_min = 0;  // 0: users as the log names them
     long long user_max_jobs = -1;
+    int bf_max_job_user = 0;
     double fit_fraction = 0.5;  // sim fit
 };
 
@@ -191,6 +192,7 @@ sim::SimConfig sim_config(const Options& o, const plan::Cluster& pc, const sim::
     if (!o.limits.empty()) c.limits = sim::read_limits(o.limits);
     if (o.user_max_jobs >= 0) c.limits.user["*"].max_jobs = o.user_max_jobs;
     c.bf_max_job_test = o.bf_max_job_test;
+    c.bf_max_job_user = o.bf_max_job_user > 0 ? o.bf_max_job_user : int(slurm.bf_max_job_user);
     if (o.bf_window_min > 0) {
         c.bf_window_s = o.bf_window_min * 60;
     } else if (slurm.bf_window_s > 0) {
@@ -736,6 +738,10 @@ void add_sim_cluster(CLI::App* sim) {
                     "multifactor: the age factor reaches 1 at this age (default 7, or "
                     "slurm.conf's PriorityMaxAge)")
         ->check(CLI::Range(0.0, 1e6));
+    cmd->add_option("--bf-max-job-user", o.bf_max_job_user,
+                    "backfill: jobs of one user tested per pass (0: no limit, the default; or "
+                    "slurm.conf's bf_max_job_user)")
+        ->check(CLI::Range(0, 100000000));
     cmd->add_option("--user-max-jobs", o.user_max_jobs,
                     "every user runs at most this many jobs at once (a --limits line "
                     "user,*,N,; sim fit searches it)")

@@ -93,6 +93,10 @@ struct SimConfig {
     // and how far ahead (bf_window).
     int bf_max_job_test = 1;
     double bf_window_s = 86400;
+    // SchedulerParameters bf_max_job_user: backfill tests at most this many
+    // jobs of one user per pass (0: no limit); jobs started in order by the
+    // main scheduler do not count.
+    int bf_max_job_user = 0;
     double fairshare_half_life_s = 7 * 86400;  // 0: usage never decays (PriorityDecayHalfLife)
     // Multifactor priority: PriorityWeightAge, PriorityWeightJobSize,
     // PriorityWeightFairshare, and PriorityMaxAge (the age factor is 1 from there).

@@ -111,6 +111,8 @@ SlurmConf parse_slurm_conf(const std::string& text, const std::string& source, b
             for (const auto& p : split(m["schedulerparameters"], ',')) {
                 if (p.rfind("bf_max_job_test=", 0) == 0)
                     c.bf_max_job_test = std::atoll(p.c_str() + 16);
+                if (p.rfind("bf_max_job_user=", 0) == 0)
+                    c.bf_max_job_user = std::atoll(p.c_str() + 16);
                 if (p.rfind("bf_window=", 0) == 0) {
                     double m = 0;
                     if (!parse_double(p.substr(10), &m) || m <= 0) {

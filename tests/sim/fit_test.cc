@@ -175,6 +175,32 @@ TEST(SimFit, InfersUsersFromBursts) {
     EXPECT_EQ(named.jobs[1].user, "bob");
 }
 
+// bf_max_job_user: behind a reserved job, backfill tests one job of user u
+// per pass, so u's second short job misses the hole the first one fills
+// (under EASY and with two reservations alike); without the limit both go.
+TEST(SimFit, BackfillTestsAtMostBfMaxJobUserJobsOfAUser) {
+    std::vector<SimJob> jobs = {test::job("A", 0, 2, 100), test::job("H", 1, 4, 10),
+                                test::job("b1", 2, 1, 50), test::job("b2", 2, 1, 50)};
+    jobs[2].spec.user = jobs[3].spec.user = "u";
+    for (int depth : {1, 2}) {
+        SimConfig c = test::cluster(4, 1);
+        c.bf_max_job_test = depth;
+        SimResult r = simulate(jobs, c, parse_policy("backfill"));
+        EXPECT_DOUBLE_EQ(r.jobs[1].start, 100) << depth;
+        EXPECT_DOUBLE_EQ(r.jobs[2].start, 2) << depth;
+        EXPECT_DOUBLE_EQ(r.jobs[3].start, 2) << depth;
+        c.bf_max_job_user = 1;
+        r = simulate(jobs, c, parse_policy("backfill"));
+        EXPECT_DOUBLE_EQ(r.jobs[1].start, 100) << depth;
+        EXPECT_DOUBLE_EQ(r.jobs[2].start, 2) << depth;
+        EXPECT_DOUBLE_EQ(r.jobs[3].start, 110) << depth;  // after H: 52 + 50 passes its reservation
+    }
+    EXPECT_EQ(
+        parse_slurm_conf("SchedulerParameters=bf_max_job_user=3,bf_window=60\n", "s.conf", false)
+            .bf_max_job_user,
+        3);
+}
+
 // PriorityFavorSmall: a 1-device job queued behind a 3-device one (both
 // waiting for the 4 devices a running job holds) goes first only when
 // small jobs are favoured; slurm.conf sets it.

@@ -625,7 +625,12 @@ void print_fit_json(const Options& o, const FitOutcome& f) {
         j["fit"]["tried"].push_back(
             {{"setting", t.setting.name()}, {"score", t.score}, {"waits", to_json(t.waits)}});
     }
-    for (const auto& row : f.rows) j["rest"][row.group] = to_json(row.waits);
+    j["rest"] = nlohmann::json::array();  // "all", then by size, then by month, in order
+    for (const auto& row : f.rows) {
+        auto w = to_json(row.waits);
+        w["group"] = row.group;
+        j["rest"].push_back(w);
+    }
     fmt::print("{}\n", j.dump(2));
 }
 

@@ -307,8 +307,13 @@ void print_text(const Options& o, const Outcome& r) {
     }
     fmt::print("\n{}", sim::summary_table(r.sums));
     for (const auto& s : r.sums) {
-        fmt::print("{}: {} events in {:.3f} s ({:.3g} events/s){}\n", s.policy, s.events, s.wall_s,
-                   s.wall_s > 0 ? double(s.events) / s.wall_s : 0.0,
+        fmt::print("{}: {} events in {:.3f} s ({:.3g} events/s){}{}\n", s.policy, s.events,
+                   s.wall_s, s.wall_s > 0 ? double(s.events) / s.wall_s : 0.0,
+                   r.c.per_node > 1
+                       ? fmt::format("; {:.4g} idle device-h on partly busy nodes "
+                                     "({:.1f}% of idle)",
+                                     s.fragmented_device_hours, 100 * s.fragmented_idle_share)
+                       : "",
                    s.node_failures + s.spot_reclaims > 0
                        ? fmt::format("; {} node failures, {} spot reclaims, {} preemptions",
                                      s.node_failures, s.spot_reclaims, s.preemptions)

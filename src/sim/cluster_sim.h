@@ -169,6 +169,7 @@ struct SimResult {
     double wall_s = 0;  // simulator run time
     double makespan = 0;
     double busy_device_s = 0, available_device_s = 0;
+    double fragmented_device_s = 0;  // free devices on partly busy nodes, over time
     double idle_energy_kwh = 0, idle_co2_g = 0;
     int node_failures = 0, spot_reclaims = 0;
 };

@@ -444,6 +444,8 @@ void EventLoop::record_series() {
     const double idle = double(std::max(0LL, last.available - last.busy));
     res_.busy_device_s += double(last.busy) * dt;
     res_.available_device_s += double(last.available) * dt;
+    res_.fragmented_device_s += double(last_fragmented_) * dt;
+    last_fragmented_ = pools_[0].fragmented() + pools_[1].fragmented();
     res_.idle_energy_kwh += idle * cfg_.idle_kw_per_device * dt / 3600;
     res_.idle_co2_g += idle * cfg_.idle_kw_per_device * cfg_.carbon.integral(last.t, now_) / 3600;
     const long long avail = pools_[0].active_devices() + pools_[1].active_devices();

@@ -25,6 +25,11 @@ class Pool {
     bool owns(int node) const { return node >= first_ && node < first_ + nodes(); }
     bool active(int node) const { return active_[node - first_]; }
     int free_on(int node) const { return int(free_slots_[node - first_].size()); }
+    // Free devices on active nodes that are partly busy: idle, but only for
+    // jobs that fit beside what runs there (fragmentation).
+    long long fragmented() const {
+        return free_ - (long long)bucket_[size_t(per_node_)].size() * per_node_;
+    }
 
     // Appends n slot ids to `out` when n <= free(); false (nothing taken) otherwise.
     bool allocate(long long n, std::vector<int32_t>& out);

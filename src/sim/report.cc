@@ -54,6 +54,9 @@ Summary summarize(const std::vector<SimJob>& jobs, const SimResult& r) {
     s.makespan_s = r.makespan;
     s.utilisation = r.available_device_s > 0 ? r.busy_device_s / r.available_device_s : 0;
     s.idle_energy_kwh = r.idle_energy_kwh;
+    s.fragmented_device_hours = r.fragmented_device_s / 3600;
+    const double idle_s = r.available_device_s - r.busy_device_s;
+    s.fragmented_idle_share = idle_s > 0 ? r.fragmented_device_s / idle_s : 0;
     s.co2_kg += r.idle_co2_g / 1000;
     s.node_failures = r.node_failures;
     s.spot_reclaims = r.spot_reclaims;
@@ -88,6 +91,8 @@ nlohmann::json to_json(const Summary& s) {
             {"cost_usd", s.cost_usd},
             {"energy_kwh", s.energy_kwh},
             {"idle_energy_kwh", s.idle_energy_kwh},
+            {"fragmented_device_hours", s.fragmented_device_hours},
+            {"fragmented_idle_share", s.fragmented_idle_share},
             {"co2_kg", s.co2_kg},
             {"events", s.events},
             {"wall_s", s.wall_s},

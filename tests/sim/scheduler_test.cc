@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "sim/report.h"
 #include "sim_test_util.h"
 
 namespace apiary::sim {
@@ -199,6 +200,23 @@ TEST(SimScheduler, LatencyDelaysArrivalsAndReleases) {
     EXPECT_DOUBLE_EQ(r.jobs[1].start - jobs[1].spec.submit, 7);  // the wait counts it
     EXPECT_DOUBLE_EQ(r.busy_device_s, 2 * 5 + 2 * 5.0);          // not 2 x (5 + 1) each
     EXPECT_DOUBLE_EQ(r.jobs[0].device_s, 2 * 5.0);
+}
+
+// Fragmentation: a 3-device job leaves one device of its 4-device node
+// free, too few for a 2-device job, which waits; the idle devices on partly
+// busy nodes are counted.
+TEST(SimScheduler, FragmentedDevicesAreCounted) {
+    std::vector<SimJob> jobs = {test::job("three", 0, 3, 100), test::job("four", 0, 4, 100),
+                                test::job("two", 0, 2, 50)};
+    const SimResult r = simulate(jobs, test::cluster(2, 4), parse_policy("fifo"));
+    EXPECT_DOUBLE_EQ(r.jobs[2].start, 100);
+    // 0-100: node 0 has 1 free of 4 (fragmented); 100-150: "two" on a node
+    // leaves 2 free beside it, the other node wholly free (not counted).
+    EXPECT_DOUBLE_EQ(r.fragmented_device_s, 1 * 100 + 2 * 50.0);
+    const Summary s = summarize(jobs, r);
+    EXPECT_DOUBLE_EQ(s.fragmented_device_hours, 200 / 3600.0);
+    // Idle device-time: 1 x 100 + 6 x 50 = 400 s, of which 200 fragmented.
+    EXPECT_DOUBLE_EQ(s.fragmented_idle_share, 0.5);
 }
 
 // At the horizon the simulation stops: a run still going is accounted up to

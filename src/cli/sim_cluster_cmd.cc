@@ -56,6 +56,7 @@ struct Options {
     double infer_users_min = 0;  // 0: users as the log names them
     long long user_max_jobs = -1;
     int bf_max_job_user = 0;
+    int nodes_per_leaf = 0;
     double fit_fraction = 0.5;  // sim fit
 };
 
@@ -192,6 +193,7 @@ sim::SimConfig sim_config(const Options& o, const plan::Cluster& pc, const sim::
     if (!o.limits.empty()) c.limits = sim::read_limits(o.limits);
     if (o.user_max_jobs >= 0) c.limits.user["*"].max_jobs = o.user_max_jobs;
     c.bf_max_job_test = o.bf_max_job_test;
+    c.nodes_per_leaf = o.nodes_per_leaf;
     c.bf_max_job_user = o.bf_max_job_user > 0 ? o.bf_max_job_user : int(slurm.bf_max_job_user);
     if (o.bf_window_min > 0) {
         c.bf_window_s = o.bf_window_min * 60;
@@ -309,11 +311,15 @@ void print_text(const Options& o, const Outcome& r) {
     for (const auto& s : r.sums) {
         fmt::print("{}: {} events in {:.3f} s ({:.3g} events/s){}{}\n", s.policy, s.events,
                    s.wall_s, s.wall_s > 0 ? double(s.events) / s.wall_s : 0.0,
-                   r.c.per_node > 1
-                       ? fmt::format("; {:.4g} idle device-h on partly busy nodes "
-                                     "({:.1f}% of idle)",
-                                     s.fragmented_device_hours, 100 * s.fragmented_idle_share)
-                       : "",
+                   (r.c.per_node > 1
+                        ? fmt::format("; {:.4g} idle device-h on partly busy nodes "
+                                      "({:.1f}% of idle)",
+                                      s.fragmented_device_hours, 100 * s.fragmented_idle_share)
+                        : std::string()) +
+                       (r.c.nodes_per_leaf > 0
+                            ? fmt::format("; {} of {} runs that fit in a leaf spread over more",
+                                          s.leaf_split_runs, s.leaf_fit_runs)
+                            : std::string()),
                    s.node_failures + s.spot_reclaims > 0
                        ? fmt::format("; {} node failures, {} spot reclaims, {} preemptions",
                                      s.node_failures, s.spot_reclaims, s.preemptions)
@@ -748,6 +754,10 @@ void add_sim_cluster(CLI::App* sim) {
                     "multifactor: the age factor reaches 1 at this age (default 7, or "
                     "slurm.conf's PriorityMaxAge)")
         ->check(CLI::Range(0.0, 1e6));
+    cmd->add_option("--nodes-per-leaf", o.nodes_per_leaf,
+                    "nodes under one leaf switch (consecutive nodes): a job of whole nodes goes "
+                    "inside one leaf when one has room (0: no placement, the default)")
+        ->check(CLI::Range(0, 100000000));
     cmd->add_option("--bf-max-job-user", o.bf_max_job_user,
                     "backfill: jobs of one user tested per pass (0: no limit, the default; or "
                     "slurm.conf's bf_max_job_user)")

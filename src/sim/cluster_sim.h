@@ -97,6 +97,9 @@ struct SimConfig {
     // jobs of one user per pass (0: no limit); jobs started in order by the
     // main scheduler do not count.
     int bf_max_job_user = 0;
+    // Nodes under one leaf switch (consecutive node ids; 0: no topology): a
+    // job of whole nodes is placed inside one leaf when one has room.
+    int nodes_per_leaf = 0;
     double fairshare_half_life_s = 7 * 86400;  // 0: usage never decays (PriorityDecayHalfLife)
     // Multifactor priority: PriorityWeightAge, PriorityWeightJobSize,
     // PriorityWeightFairshare, and PriorityMaxAge (the age factor is 1 from there).
@@ -172,6 +175,9 @@ struct SimResult {
     double fragmented_device_s = 0;  // free devices on partly busy nodes, over time
     double idle_energy_kwh = 0, idle_co2_g = 0;
     int node_failures = 0, spot_reclaims = 0;
+    // With leaves: runs of at most a leaf's nodes, and how many of those
+    // were spread over more than one leaf.
+    long long leaf_fit_runs = 0, leaf_split_runs = 0;
 };
 
 SimResult simulate(const std::vector<SimJob>& jobs, const SimConfig& cfg, const Policy& policy);

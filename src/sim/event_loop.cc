@@ -48,6 +48,7 @@ EventLoop::EventLoop(const std::vector<SimJob>& jobs, const SimConfig& cfg, cons
     run_.resize(jobs.size());
     pools_.emplace_back(0, cfg.nodes, cfg.per_node, true);
     pools_.emplace_back(cfg.nodes, cfg.spot_nodes_max, cfg.per_node, false);
+    for (auto& p : pools_) p.set_leaf_nodes(cfg.nodes_per_leaf);
     running_.resize(2);
     const int total_nodes = cfg.nodes + cfg.spot_nodes_max;
     on_node_.resize(total_nodes);
@@ -237,6 +238,14 @@ void EventLoop::start(int j, std::vector<int32_t>&& slots) {
     int prev = -1;
     for (int32_t s : r.slots) {  // an allocation holds each node's slots together
         if (s / per_node != prev) on_node_[prev = s / per_node].push_back(j);
+    }
+    if (cfg_.nodes_per_leaf > 0 && (long long)r.slots.size() >= per_node &&
+        (long long)r.slots.size() <= (long long)cfg_.nodes_per_leaf * per_node) {
+        ++res_.leaf_fit_runs;
+        const auto [lo, hi] = std::minmax_element(r.slots.begin(), r.slots.end());
+        const int leaf = cfg_.nodes_per_leaf * per_node;
+        res_.leaf_split_runs += (*lo - pools_[r.pool].first_node() * per_node) / leaf !=
+                                (*hi - pools_[r.pool].first_node() * per_node) / leaf;
     }
     busy_ += job.spec.devices;
     settle(share_key(j), double(job.spec.devices));

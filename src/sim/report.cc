@@ -55,6 +55,8 @@ Summary summarize(const std::vector<SimJob>& jobs, const SimResult& r) {
     s.utilisation = r.available_device_s > 0 ? r.busy_device_s / r.available_device_s : 0;
     s.idle_energy_kwh = r.idle_energy_kwh;
     s.fragmented_device_hours = r.fragmented_device_s / 3600;
+    s.leaf_fit_runs = r.leaf_fit_runs;
+    s.leaf_split_runs = r.leaf_split_runs;
     const double idle_s = r.available_device_s - r.busy_device_s;
     s.fragmented_idle_share = idle_s > 0 ? r.fragmented_device_s / idle_s : 0;
     s.co2_kg += r.idle_co2_g / 1000;
@@ -93,6 +95,8 @@ nlohmann::json to_json(const Summary& s) {
             {"idle_energy_kwh", s.idle_energy_kwh},
             {"fragmented_device_hours", s.fragmented_device_hours},
             {"fragmented_idle_share", s.fragmented_idle_share},
+            {"leaf_fit_runs", s.leaf_fit_runs},
+            {"leaf_split_runs", s.leaf_split_runs},
             {"co2_kg", s.co2_kg},
             {"events", s.events},
             {"wall_s", s.wall_s},

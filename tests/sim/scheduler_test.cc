@@ -219,6 +219,34 @@ TEST(SimScheduler, FragmentedDevicesAreCounted) {
     EXPECT_DOUBLE_EQ(s.fragmented_idle_share, 0.5);
 }
 
+// Leaf switches of 4 nodes: a 2-node and a 1-node job fill leaf 0 best-fit,
+// so a 4-node job finds leaf 1 whole; without leaves the same jobs take
+// nodes from the top down and the 4-node job straddles both leaves.
+TEST(SimScheduler, JobsStayInsideALeafWhenOneHasRoom) {
+    std::vector<SimJob> jobs = {test::job("a", 0, 2, 100), test::job("b", 0, 1, 100),
+                                test::job("c", 0, 4, 100)};
+    SimConfig c = test::cluster(8, 1);
+    auto nodes_of = [](const SimResult& r, int j) {
+        std::set<int32_t> n;
+        for (const Segment& s : r.segments) {
+            if (s.job == j)
+                n.insert(r.slots.begin() + s.slot_begin,
+                         r.slots.begin() + s.slot_begin + s.slot_count);
+        }
+        return n;
+    };
+    c.nodes_per_leaf = 4;
+    SimResult r = simulate(jobs, c, parse_policy("fifo"));
+    EXPECT_EQ(r.leaf_fit_runs, 3);
+    EXPECT_EQ(r.leaf_split_runs, 0);
+    EXPECT_EQ(nodes_of(r, 2), (std::set<int32_t>{4, 5, 6, 7}));
+    c.nodes_per_leaf = 0;
+    r = simulate(jobs, c, parse_policy("fifo"));
+    EXPECT_EQ(r.leaf_fit_runs, 0);  // not counted without leaves
+    const auto spread = nodes_of(r, 2);
+    EXPECT_TRUE(*spread.begin() < 4 && *spread.rbegin() >= 4) << "expected to straddle";
+}
+
 // At the horizon the simulation stops: a run still going is accounted up to
 // it and its job is reported unfinished; a job that never started too.
 TEST(SimScheduler, HorizonStopsWithUnfinishedJobs) {

@@ -19,7 +19,10 @@ void write_sd_targets(const std::string& path, const std::string& run,
     for (const auto& t : targets) {
         groups.push_back(
             {{"targets", {fmt::format("{}:{}", t.host, t.port)}},
-             {"labels", {{"apiary_run", run}, {"apiary_rank", std::to_string(t.rank)}}}});
+             {"labels",
+              {{"apiary_run", run},
+               {"apiary_rank", std::to_string(t.rank)},
+               {"apiary_host", t.host}}}});
     }
     const fs::path p(path);
     std::error_code ec;

@@ -321,6 +321,7 @@ TEST(ScrapeTargets, PlacedBySlotAndWritten) {
     ASSERT_EQ(doc.size(), 2u);
     EXPECT_EQ(doc[1]["targets"][0], "127.0.0.1:9401");
     EXPECT_EQ(doc[1]["labels"]["apiary_rank"], "1");
+    EXPECT_EQ(doc[1]["labels"]["apiary_host"], "127.0.0.1");
 }
 
 }  // namespace

@@ -131,8 +131,8 @@ void check_moe_layout(const core::Config& c, const core::ModelSpec& spec) {
         if (c.get_int(axis) != 1) {
             throw ConfigError(fmt::format(
                 "{} = {} with model.n_expert = {}: mixture-of-experts blocks train with "
-                "data parallelism and ZeRO 1-3 only (not yet tensor or pipeline parallel); set "
-                "{} = 1",
+                "data and expert parallelism and ZeRO 1-3 only (not yet tensor or pipeline "
+                "parallel); set {} = 1",
                 axis, c.get_int(axis), spec.n_expert, axis));
         }
     }

@@ -13,7 +13,8 @@
 # usage: bench/moe_ep.sh [OUTDIR] [STEPS]
 #   OUTDIR  run directories (default runs/moe_ep)
 #   STEPS   optimizer steps per run (default 30)
-# Environment: ROUNDS=2, RANKS=4, APIARY (default ./build/apiary), MPIRUN
+# Environment: ROUNDS=2, RANKS=4, EPS="1 2 4" (the ep values, each dividing
+# RANKS and 8), APIARY (default ./build/apiary), MPIRUN
 # (default "mpirun --oversubscribe --bind-to none"), EXTRA (more --set
 # arguments for every run).
 set -euo pipefail
@@ -22,6 +23,7 @@ out=${1:-runs/moe_ep}
 steps=${2:-30}
 rounds=${ROUNDS:-2}
 ranks=${RANKS:-4}
+eps=${EPS:-1 2 4}
 A=${APIARY:-./build/apiary}
 # shellcheck disable=SC2206
 mpirun=(${MPIRUN:-mpirun --oversubscribe --bind-to none})
@@ -37,7 +39,7 @@ common=(--set model.preset=tiny --set model.n_expert=8 --set model.n_expert_acti
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $ranks ranks;" \
      "load $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq 1 "$rounds"); do
-    for ep in 1 2 4; do
+    for ep in $eps; do
         dir="$out/round$r/ep$ep"
         mkdir -p "$out/round$r"
         "${mpirun[@]}" -n "$ranks" "$A" train --set run.dir="$dir" "${common[@]}" \
@@ -48,14 +50,14 @@ for r in $(seq 1 "$rounds"); do
     done
 done
 
-python3 - "$out" "$rounds" <<'PY'
+python3 - "$out" "$rounds" "$eps" <<'PY'
 import json, statistics, sys
-out, rounds = sys.argv[1], int(sys.argv[2])
+out, rounds, eps = sys.argv[1], int(sys.argv[2]), [int(e) for e in sys.argv[3].split()]
 keys = [("step_time_s", "step"), ("step_compute_s", "compute"), ("ep_comm_s", "all-to-all"),
         ("comm_exposed_s", "grad sync"), ("optimizer_s", "optimizer")]
 print(f"{'run':<10}" + "".join(f"{h + ' ms':>15}" for _, h in keys) + f"{'final loss':>12}")
 for r in range(1, rounds + 1):
-    for ep in (1, 2, 4):
+    for ep in eps:
         recs = [json.loads(l) for l in open(f"{out}/round{r}/ep{ep}/metrics.jsonl")]
         steps = [j for j in recs if "loss" in j and "step_compute_s" in j][5:]
         med = lambda k: 1e3 * statistics.median(j.get(k, 0.0) for j in steps)

@@ -74,12 +74,13 @@ Transformer::Transformer(const core::ModelSpec& spec, int64_t max_B, int64_t max
             "once");
     }
     if (spec_.moe()) {
-        // The MoE block is single-device fp32 code for now: refused here
-        // too, not only where the trainer validates its config.
-        if (precision_ != Precision::fp32) {
+        // The MoE block computes in fp32 (inside a bf16 model too); the
+        // emulated fp16 weight copy is not read by it: refused here too, not
+        // only where the trainer validates its config.
+        if (precision_ == Precision::fp16) {
             throw ConfigError(fmt::format(
                 "model.n_expert = {}: mixture-of-experts blocks train in train.precision = "
-                "fp32 only (not yet in bf16 or fp16)",
+                "fp32 or bf16 (not fp16)",
                 spec_.n_expert));
         }
         if (shard_.tp_size > 1 || !shard_.embedding || !shard_.head || shard_.chunks.size() > 1) {

@@ -10,6 +10,8 @@
 // (load balancing, z-loss) are per micro-batch and block, and enter the
 // gradient scaled as the cross-entropy of the micro-batch's N tokens is,
 // so gradient accumulation and data parallelism weight them like the loss.
+// The block computes in fp32 in every mode: in a bf16 model it reads the
+// fp32 master weights and an fp32 copy of its normed input (blocks.cc).
 //
 // Expert parallelism (shard().ep_size > 1): this rank holds experts
 // [ep_rank El, (ep_rank + 1) El), El = E / ep, under their global names.

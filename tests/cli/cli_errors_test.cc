@@ -260,9 +260,9 @@ TEST_F(CliErrors, MixtureOfExpertsLayoutsNotYetTrainedAreRefused) {
                  "parallel.tp = 2 with model.n_expert = 8: mixture-of-experts blocks train with "
                  "data and expert parallelism and ZeRO 1-3 only");
     expect_error(train(moe + "--set parallel.pp=2"), "parallel.pp = 2 with model.n_expert = 8");
-    expect_error(train(moe + "--set train.precision=bf16"),
-                 "train.precision = 'bf16' with model.n_expert = 8: mixture-of-experts blocks "
-                 "train in fp32 only");
+    expect_error(train(moe + "--set train.precision=fp16"),
+                 "train.precision = 'fp16' with model.n_expert = 8: mixture-of-experts blocks "
+                 "train in fp32 or bf16 (not fp16)");
     expect_error(train(moe + "--set model.n_expert_active=9"),
                  "model.n_expert_active = 9 must be between 1 and model.n_expert = 8");
     expect_error(train(moe + "--set model.moe_capacity_factor=0"),

@@ -248,6 +248,8 @@ TEST_F(Layouts, ExpertParallelMatchesOneRank) {
         if (arch == "gpt2") {
             layouts.push_back({"ep1", "--set parallel.ep=1"});
             layouts.push_back({"ep2_zero1", "--set parallel.ep=2 --set parallel.zero_stage=1"});
+            // The recomputed forward dispatches again: the same all-to-alls.
+            layouts.push_back({"ep2_full", "--set parallel.ep=2 --set parallel.recompute=full"});
         }
         for (const auto& [name, extra] : layouts) {
             run(arch + "_" + name, 4, 4, arch, moe + extra);
@@ -258,6 +260,26 @@ TEST_F(Layouts, ExpertParallelMatchesOneRank) {
     double ep4 = 0;
     for (const auto& j : runs_->metrics("gpt2_ep4")) ep4 += j.value("ep_comm_s", 0.0);
     EXPECT_GT(ep4, 0.0);
+}
+
+TEST_F(Layouts, MixtureOfExpertsInBf16TracksOneRankWithinBf16Tolerance) {
+    // The attention and dense blocks in bf16, the MoE blocks' router and
+    // experts in fp32: expert parallelism against one rank, within the bf16
+    // layouts' tolerance (Bf16LayoutsTrackOneRankWithinBf16Tolerance).
+    const std::string bf16 = gpt2_moe() + "--set train.precision=bf16 ";
+    run("base", 1, 4, "gpt2", bf16 + "--set train.grad_accum=16 --set train.ckpt_every=5");
+    init("init", "gpt2", bf16);
+    for (const auto& [name, extra] : std::vector<std::pair<std::string, std::string>>{
+             {"ep2", "--set parallel.ep=2"},
+             {"ep4_zero1", "--set parallel.ep=4 --set parallel.zero_stage=1"}}) {
+        run(name, 4, 4, "gpt2", bf16 + extra);
+        expect_same("base", "init", name, 2e-3, 2e-2, 5e-2);
+    }
+    // Tight enough to fail a run that trained half as long.
+    EXPECT_GT(runs_->update_difference("base", "base", "init", 10, 5), 5e-2);
+    // And the model did run in bf16: the fp32 run's losses differ.
+    run("fp32", 1, 4, "gpt2", gpt2_moe() + "--set train.grad_accum=16");
+    EXPECT_NE(runs_->series("base", "loss"), runs_->series("fp32", "loss"));
 }
 
 TEST_F(Layouts, ExpertParallelCheckpointsStoreEachExpertOnceAndReshard) {

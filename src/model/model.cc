@@ -83,10 +83,10 @@ Transformer::Transformer(const core::ModelSpec& spec, int64_t max_B, int64_t max
                 "fp32 or bf16 (not fp16)",
                 spec_.n_expert));
         }
-        if (shard_.tp_size > 1 || !shard_.embedding || !shard_.head || shard_.chunks.size() > 1) {
+        if (shard_.tp_size > 1) {
             throw ConfigError(fmt::format(
-                "model.n_expert = {}: mixture-of-experts blocks run with parallel.tp = 1 and "
-                "parallel.pp = 1 only (data and expert parallelism, ZeRO 1-3 work)",
+                "model.n_expert = {}: mixture-of-experts blocks run with parallel.tp = 1 only "
+                "(data, expert and pipeline parallelism, ZeRO 1-3 work)",
                 spec_.n_expert));
         }
     }

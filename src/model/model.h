@@ -214,6 +214,10 @@ class Transformer {
     }
     void bf16_weights_written() { shadow_stale_ = false; }
 
+    // The gradient scale of the current micro-batch's loss (head_loss's
+    // grad_scale), for a pipeline stage without the head: the MoE blocks'
+    // router losses enter the gradient scaled like the loss.
+    void set_loss_grad_scale(float s) { moe_grad_scale_ = s; }
     // Expert load per MoE block (empty for a dense model), in block order.
     const std::vector<MoeLayerStats>& moe_stats() const { return moe_stats_; }
     void reset_moe_stats();

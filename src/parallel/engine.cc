@@ -200,6 +200,7 @@ void Engine::backward_op(const PipeOp& op, const int32_t* rows, int64_t B, int64
         model_->set_grad_ready_hook([this](int64_t from) { on_grads_ready(from); });
     }
     if (j < last) recv(io_.f32(), n, (s + 1) % p, gradient_tag(op.chunk));
+    model_->set_loss_grad_scale(grad_scale);
     dp_->sync().set_in_backward(true);
     const auto t0 = Clock::now();
     const double tp0 = tp_->seconds() + ep_->seconds();  // communication inside the op

@@ -50,12 +50,11 @@ void check_expert_parallel(const ParallelLayout& l, const core::ModelSpec& spec)
             "expert-parallel groups are carved out of them; ep can be {}",
             ep, dp, divisors(std::gcd(spec.n_expert, dp))));
     }
-    if (l.mesh.tp > 1 || l.mesh.pp > 1) {
+    if (l.mesh.tp > 1) {
         throw ConfigError(fmt::format(
-            "parallel.ep = {} with parallel.tp = {} and parallel.pp = {}: expert parallelism "
-            "runs with data parallelism only (not yet with tensor or pipeline parallelism); set "
-            "tp = pp = 1",
-            ep, l.mesh.tp, l.mesh.pp));
+            "parallel.ep = {} with parallel.tp = {}: expert parallelism runs with data and "
+            "pipeline parallelism (not yet with tensor parallelism); set parallel.tp = 1",
+            ep, l.mesh.tp));
     }
     if (l.zero_stage >= 2) {
         throw ConfigError(fmt::format(

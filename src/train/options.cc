@@ -124,17 +124,15 @@ void check_freeze(const std::vector<std::string>& prefixes, const core::ModelSpe
     }
 }
 
-// Mixture-of-experts blocks run data- and expert-parallel in fp32 or bf16.
+// Mixture-of-experts blocks run data-, expert- and pipeline-parallel in fp32 or bf16.
 void check_moe_layout(const core::Config& c, const core::ModelSpec& spec) {
     if (!spec.moe()) return;
-    for (const char* axis : {"parallel.tp", "parallel.pp"}) {
-        if (c.get_int(axis) != 1) {
-            throw ConfigError(fmt::format(
-                "{} = {} with model.n_expert = {}: mixture-of-experts blocks train with "
-                "data and expert parallelism and ZeRO 1-3 only (not yet tensor or pipeline "
-                "parallel); set {} = 1",
-                axis, c.get_int(axis), spec.n_expert, axis));
-        }
+    if (c.get_int("parallel.tp") != 1) {
+        throw ConfigError(fmt::format(
+            "parallel.tp = {} with model.n_expert = {}: mixture-of-experts blocks train with "
+            "data, expert and pipeline parallelism and ZeRO 1-3 (not yet tensor parallel); set "
+            "parallel.tp = 1",
+            c.get_int("parallel.tp"), spec.n_expert));
     }
     if (const std::string p = c.get_string("train.precision"); p == "fp16") {
         throw ConfigError(fmt::format(

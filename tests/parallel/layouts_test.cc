@@ -221,8 +221,9 @@ TEST_F(Layouts, MixtureOfExpertsDataParallelAndZeroMatchOneRank) {
     }
 }
 
-// Expert parallelism: ep ranks of the four data-parallel ones share out the
-// experts; the tokens travel by all-to-all. Every rank's micro-batch is one
+// Expert parallelism: ep ranks of the four data-parallel ones (of two, with
+// two pipeline stages) share out the experts; the tokens travel by
+// all-to-all. Every rank's micro-batch is one
 // sequence, as is each of the one-rank run's 16 (the router's capacity and
 // losses are per micro-batch).
 const std::string& gpt2_moe() {
@@ -243,13 +244,19 @@ TEST_F(Layouts, ExpertParallelMatchesOneRank) {
         SCOPED_TRACE(arch);
         run(arch + "_base", 1, 4, arch, moe + "--set train.grad_accum=16");
         init(arch + "_init", arch, moe);
+        // ep x pp: two stages of dp 2 x ep 2, each rank still one sequence
+        // per micro-batch (8 micro-batches a step).
+        const std::string pp2 = "--set parallel.pp=2 --set parallel.dp=2 --set train.grad_accum=8 ";
         std::vector<std::pair<std::string, std::string>> layouts = {
-            {"ep2", "--set parallel.ep=2"}, {"ep4", "--set parallel.ep=4"}};
+            {"ep2", "--set parallel.ep=2"},
+            {"ep4", "--set parallel.ep=4"},
+            {"ep2_pp2", pp2 + "--set parallel.ep=2"}};
         if (arch == "gpt2") {
             layouts.push_back({"ep1", "--set parallel.ep=1"});
             layouts.push_back({"ep2_zero1", "--set parallel.ep=2 --set parallel.zero_stage=1"});
             // The recomputed forward dispatches again: the same all-to-alls.
             layouts.push_back({"ep2_full", "--set parallel.ep=2 --set parallel.recompute=full"});
+            layouts.push_back({"pp2", pp2});
         }
         for (const auto& [name, extra] : layouts) {
             run(arch + "_" + name, 4, 4, arch, moe + extra);

@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <tuple>
@@ -249,7 +250,7 @@ TEST_F(Layouts, ExpertParallelMatchesOneRank) {
         const std::string pp2 = "--set parallel.pp=2 --set parallel.dp=2 --set train.grad_accum=8 ";
         std::vector<std::pair<std::string, std::string>> layouts = {
             {"ep2", "--set parallel.ep=2"},
-            {"ep4", "--set parallel.ep=4"},
+            {"ep4", "--set parallel.ep=4 --set profile.steps=2-2"},
             {"ep2_pp2", pp2 + "--set parallel.ep=2"}};
         if (arch == "gpt2") {
             layouts.push_back({"ep1", "--set parallel.ep=1"});
@@ -263,10 +264,15 @@ TEST_F(Layouts, ExpertParallelMatchesOneRank) {
             expect_same(arch + "_base", arch + "_init", arch + "_" + name, 1e-5, 1e-4, 1e-4);
         }
     }
-    // The all-to-alls happened and were timed apart: ep 4 logs their time.
+    // The all-to-alls happened and were timed apart: ep 4 logs their time,
+    // and its trace has them as spans of their own.
     double ep4 = 0;
     for (const auto& j : runs_->metrics("gpt2_ep4")) ep4 += j.value("ep_comm_s", 0.0);
     EXPECT_GT(ep4, 0.0);
+    std::ifstream trace(dir_ / "gpt2_ep4" / "trace" / "rank_00000.json");
+    const std::string text((std::istreambuf_iterator<char>(trace)), {});
+    EXPECT_NE(text.find("\"ep all-to-all\""), std::string::npos);
+    EXPECT_NE(text.find("\"all_to_all_v\""), std::string::npos);
 }
 
 TEST_F(Layouts, MixtureOfExpertsInBf16TracksOneRankWithinBf16Tolerance) {

@@ -434,7 +434,7 @@ void add_shared_keys(Schema& s) {
               "context-parallel ranks: each holds 1/cp of every sequence (planner only)", 1,
               1 << 16);
     s.add_int("parallel.ep", 1,
-              "expert-parallel ranks, carved out of the data-parallel ones (planner only)", 1,
+              "expert-parallel ranks, carved out of the data-parallel ones: each holds 1/ep of the routed experts", 1,
               1 << 16);
     s.add_int("parallel.zero_stage", 0,
               "ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters", 0, 3);

@@ -115,6 +115,9 @@ class CudaOps final : public Ops {
                               const uint16_t* w, int64_t N, int64_t IN, int64_t OUT) override {
         kc::linear_backward_bf16(*gemm_, dx, dw, dy, x, w, N, IN, OUT);
     }
+    void linear_bias_backward(float* dbias, const float* dy, int64_t N, int64_t OUT) override {
+        kc::linear_bias_backward(stream_, dbias, dy, N, OUT);
+    }
     void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
                            int64_t B, int64_t T, int64_t C) override {
         kc::embedding_forward(stream_, out, tokens, wte, wpe, B, T, C);

@@ -41,6 +41,10 @@ class Ops {
                                       const uint16_t* x, const uint16_t* weight, int64_t N,
                                       int64_t IN, int64_t OUT) = 0;
 
+    // dbias (OUT) += column sums of dy (N, OUT): the bias gradient of a bf16
+    // linear layer, whose backward takes dy in bf16.
+    virtual void linear_bias_backward(float* dbias, const float* dy, int64_t N, int64_t OUT) = 0;
+
     virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte,
                                    const float* wpe, int64_t B, int64_t T, int64_t C) = 0;
     virtual void embedding_backward(float* dwte, float* dwpe, const float* dout,

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 # Its own build folder: portable code (no -march=native of this CPU, which the
 # device's may not have), CUDA required.
 build="${1:-build-bundle}"
-targets=(test_cuda_kernels apiary_cuda_bench)
+targets=(test_cuda_kernels apiary_cuda_bench apiary_device_train)
 exclude="$(git rev-parse --git-path info/exclude)"
 mkdir -p "$(dirname "$exclude")"
 grep -qx '/.device/' "$exclude" 2>/dev/null || echo '/.device/' >> "$exclude"
@@ -23,7 +23,7 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
 fi
 ninja -C "$build" "${targets[@]}"
 rm -rf .device && mkdir -p .device/bin .device/lib
-cp "$build/tests/device/test_cuda_kernels" "$build/tests/device/apiary_cuda_bench" .device/bin/
+for t in "${targets[@]}"; do cp "$build/tests/device/$t" .device/bin/; done
 skip='^(libc|libm|libdl|librt|libpthread|ld-linux-x86-64|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnccl|linux-vdso)\.'
 for bin in .device/bin/*; do
     ldd "$bin" | awk '/=> \// {print $1, $3}'

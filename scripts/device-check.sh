@@ -10,11 +10,16 @@
 #               forward and backward, fp32 and bf16 (test_cuda_kernels)
 #   4. bench    cuBLASLt bf16 / tf32 / fp32 GEMM rates on random data (the
 #               peak MFU is reported against) and attention at GPT-2 shapes
-#   5. train    GPT-2 124M and tiny-llama, train.device = cuda against cpu:
-#               loss curves (needs the apiary binary; records the refusal
-#               while the trainer's GPU step is not wired)
-#   6. torch    PyTorch eager GPT-2 124M bf16 step on the same GPU, and its
-#               MFU against the bf16 peak of stage 4
+#   5. curves   the model step through the CUDA kernels (DeviceModel, via
+#               apiary_device_train) against the same step on the CPU kernels:
+#               GPT-2 124M and LLaMA-60M, 50 steps from the same weights on
+#               the same batches, fp32 and bf16 on the GPU
+#   6. speed    GPT-2 124M bf16 on the GPU: tokens/s and MFU against the
+#               bf16 peak of stage 4
+#   7. trainer  `apiary train --set train.device=cuda` (refused while the
+#               trainer's GPU step is not wired; needs the apiary binary)
+#   8. torch    PyTorch eager GPT-2 124M bf16 step on the same GPU, and its
+#               MFU against the same peak
 #
 # Everything lands in $OUT (the device tool brings back at most 8 files):
 # summary.txt (stage results and the numbers; printed last), env.txt,
@@ -56,7 +61,8 @@ stage() {
         return 1
     fi
     log "$name: start (limit ${limit}s)"
-    local t0 rc=0
+    local t0 rc=0 offset
+    offset=$(($(stat -c %s "$logfile" 2>/dev/null || echo 0) + 1))
     t0=$(date +%s)
     if declare -F "$1" >/dev/null; then
         # A function of this script: timeout runs programs, so a bash that
@@ -70,7 +76,7 @@ stage() {
         log "$name: ok ($(($(date +%s) - t0))s)"
     else
         [ "$rc" -eq 124 ] && log "$name: TIMED OUT after ${limit}s" || log "$name: FAILED rc=$rc"
-        tail -n 15 "$logfile" | sed 's/^/    | /' | tee -a "$SUMMARY"
+        tail -c "+$offset" "$logfile" | tail -n 15 | sed 's/^/    | /' | tee -a "$SUMMARY"
         failed+=("$name")
     fi
     return "$rc"
@@ -101,7 +107,10 @@ configure() {
     cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DAPIARY_CUDA=ON \
         -DAPIARY_BUILD_BENCH=OFF ${nccl_root:+-DAPIARY_NCCL_ROOT=$nccl_root}
 }
-build() { cmake --build "$BUILD" --parallel "$JOBS" --target test_cuda_kernels apiary_cuda_bench apiary; }
+build() {
+    cmake --build "$BUILD" --parallel "$JOBS" --target test_cuda_kernels apiary_cuda_bench \
+        apiary_device_train apiary
+}
 if [ "${USE_BUNDLE:-0}" != 1 ] && stage configure 60 "$OUT/build.log" configure &&
     stage build 300 "$OUT/build.log" build; then
     BIN="$BUILD/tests/device"
@@ -144,45 +153,66 @@ if [ -n "$BIN" ]; then
     grep '"bench"' "$OUT/bench.jsonl" | tee -a "$SUMMARY"
 fi
 
-# ---- 5. train: loss curves, cuda against cpu ----
-train_pair() {  # preset steps extra...
-    local preset="$1" steps="$2"
-    shift 2
-    local common=(--set model.preset="$preset" --set train.steps="$steps" --set train.log_every=1
-        --set train.eval_every=0 --set train.ckpt_every=0 --set train.precision=bf16 "$@")
-    echo "== $preset: cuda"
-    if ! "$APIARY" train --overwrite --set run.dir="runs/dc-$preset-cuda" --set train.device=cuda \
-        "${common[@]}"; then
-        echo "== $preset: train.device = cuda refused or failed (above); no comparison"
-        return 3
-    fi
-    echo "== $preset: cpu"
-    "$APIARY" train --overwrite --set run.dir="runs/dc-$preset-cpu" --set train.device=cpu \
-        "${common[@]}" || return 1
-    python3 - "runs/dc-$preset-cpu/metrics.jsonl" "runs/dc-$preset-cuda/metrics.jsonl" <<'PY'
+# ---- 5. curves: the step on the CUDA kernels against the CPU kernels ----
+curve() {  # name preset precision_gpu steps batch seq
+    local name="$1" preset="$2" prec="$3" steps="$4" b="$5" t="$6"
+    local common=(--preset "$preset" --steps "$steps" --batch "$b" --seq "$t" --warmup 2)
+    echo "== $name: ${GPU_DEVICE:-cuda} $prec"
+    "$BIN/apiary_device_train" --device "${GPU_DEVICE:-cuda}" --precision "$prec" "${common[@]}" \
+        > "${TMPDIR:-/tmp}/dc-curve-$name-cuda" || return 1
+    echo "== $name: cpu fp32"
+    "$BIN/apiary_device_train" --device cpu --precision fp32 "${common[@]}" \
+        > "${TMPDIR:-/tmp}/dc-curve-$name-cpu" || return 1
+    cat "${TMPDIR:-/tmp}/dc-curve-$name-cuda" "${TMPDIR:-/tmp}/dc-curve-$name-cpu"
+    python3 - "${TMPDIR:-/tmp}/dc-curve-$name-cpu" "${TMPDIR:-/tmp}/dc-curve-$name-cuda" "$name" "$prec" <<'PY'
 import json, sys
-def losses(p):
-    return [r["loss"] for r in map(json.loads, open(p)) if "loss" in r and "step" in r]
-cpu, gpu = losses(sys.argv[1]), losses(sys.argv[2])
+def run(p):
+    rows = [json.loads(l) for l in open(p) if l.startswith("{")]
+    return [r["loss"] for r in rows if "step" in r], [r for r in rows if r.get("summary")][-1]
+(cpu, cs), (gpu, gs) = run(sys.argv[1]), run(sys.argv[2])
 n = min(len(cpu), len(gpu))
 worst = max(abs(a - b) / abs(a) for a, b in zip(cpu[:n], gpu[:n]))
-print(f"steps {n}: first {cpu[0]:.4f} / {gpu[0]:.4f}, last {cpu[n-1]:.4f} / {gpu[n-1]:.4f}, "
-      f"worst relative difference {worst:.2e} (bf16 tolerance 2e-2)")
-sys.exit(0 if n > 0 and worst < 2e-2 else 1)
+tol = 1e-2 if sys.argv[4] == "fp32" else 5e-2
+print(f"curve {sys.argv[3]} ({sys.argv[4]} on cuda vs fp32 on cpu), {n} steps: loss "
+      f"{cpu[0]:.4f} -> {cpu[n-1]:.4f} (cpu) / {gpu[0]:.4f} -> {gpu[n-1]:.4f} (cuda), worst "
+      f"relative difference {worst:.2e} (tolerance {tol:g}); step {cs['median_step_ms']:.0f} ms "
+      f"cpu / {gs['median_step_ms']:.1f} ms cuda")
+sys.exit(0 if n > 1 and worst < tol else 1)
 PY
+    local rc=$?
+    rm -f "${TMPDIR:-/tmp}/dc-curve-$name-cuda" "${TMPDIR:-/tmp}/dc-curve-$name-cpu"
+    return $rc
+}
+speed() {  # the throughput run: GPT-2 124M bf16 at B=8, T=1024
+    "$BIN/apiary_device_train" --device cuda --precision bf16 --preset gpt2-124m --batch 8 \
+        --seq 1024 --steps 15 --warmup 5 --peak-tflops "${PEAK_TFLOPS:-0}"
+}
+export BIN OUT PEAK_TFLOPS
+if [ -n "$BIN" ] && [ -x "$BIN/apiary_device_train" ]; then
+    stage curve-gpt2 150 "$OUT/train.log" curve gpt2-124m gpt2-124m fp32 50 4 128
+    stage curve-gpt2-bf16 60 "$OUT/train.log" curve gpt2-124m-bf16 gpt2-124m bf16 50 4 128
+    stage curve-llama 90 "$OUT/train.log" curve llama-60m llama-60m fp32 50 4 128
+    stage speed 90 "$OUT/train.log" speed
+    grep -E '^curve ' "$OUT/train.log" | tee -a "$SUMMARY"
+    grep '"summary"' "$OUT/train.log" | tail -n 1 | tee -a "$SUMMARY"
+else
+    log "curves: SKIPPED (no apiary_device_train)"
+    failed+=(curves)
+fi
+
+# ---- 7. the trainer ----
+trainer() {
+    "$APIARY" train --overwrite --set run.dir=runs/dc-trainer --set train.device=cuda \
+        --set train.steps=2
 }
 export APIARY
 if [ -n "$APIARY" ] && [ -x "$APIARY" ]; then
-    stage train-gpt2 200 "$OUT/train.log" train_pair gpt2-124m 50 --set train.batch_size=4 \
-        --set train.seq_len=256
-    stage train-llama 100 "$OUT/train.log" train_pair tiny-llama 50 --set train.batch_size=8 \
-        --set train.seq_len=128
-    grep -E '^(steps|== )' "$OUT/train.log" | tee -a "$SUMMARY"
+    stage trainer 30 "$OUT/train.log" trainer
 else
-    log "train: SKIPPED (no apiary binary: the bundle carries the GPU check binaries only)"
+    log "trainer: SKIPPED (no apiary binary: the bundle carries the GPU check binaries only)"
 fi
 
-# ---- 6. torch peer ----
+# ---- 8. torch peer ----
 if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     stage torch 150 "$OUT/torch.log" env PYTHONUNBUFFERED=1 python3 tools/ref/bench_torch.py \
         --device cuda --preset gpt2-124m --batch 8 --seq 1024 --precision bf16 --steps 10 \

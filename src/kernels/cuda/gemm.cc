@@ -7,7 +7,9 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <map>
+#include <utility>
 #include <tuple>
 
 #include "core/error.h"
@@ -18,8 +20,20 @@ namespace apiary::kernels::cuda {
 
 namespace {
 
+// Shape, types, tf32, and the alignment of the three pointers: cuBLASLt's
+// heuristic cannot see the pointers and by default assumes 256-byte
+// alignment, which sub-tensors of the flat buffers (64-byte aligned) and
+// row blocks of odd widths do not have.
 using PlanKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int,
-                           int, bool>;
+                           int, bool, uint32_t, uint32_t, uint32_t>;
+
+// The largest power of two (at most 256) that divides the address.
+uint32_t alignment_of(const void* p) {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    uint32_t al = 256;
+    while (al > 1 && a % al != 0) al /= 2;
+    return al;
+}
 
 struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
@@ -40,8 +54,10 @@ struct GemmContext::Impl {
     std::map<PlanKey, Plan> plans;
 
     const Plan& plan(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
-                     int64_t ldc, GemmType ab, GemmType c_type) {
-        const PlanKey key{ta, tb, M, N, K, lda, ldb, ldc, int(ab), int(c_type), tf32};
+                     int64_t ldc, GemmType ab, GemmType c_type, uint32_t align_a, uint32_t align_b,
+                     uint32_t align_c) {
+        const PlanKey key{ta,       tb,   M,       N,       K,      lda,    ldb,
+                          ldc,      int(ab), int(c_type), tf32, align_a, align_b, align_c};
         if (auto it = plans.find(key); it != plans.end()) return it->second;
         Plan p;
         const cublasComputeType_t compute = (ab == GemmType::f32 && tf32)
@@ -66,6 +82,16 @@ struct GemmContext::Impl {
         APIARY_CUBLAS_CALL(cublasLtMatmulPreferenceSetAttribute(
             pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
             sizeof(workspace_bytes)));
+        // cuBLASLt's A is our B, its B our A.
+        const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_b},
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_a},
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c},
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}};
+        for (const auto& [attr, value] : aligns) {
+            APIARY_CUBLAS_CALL(
+                cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
+        }
         cublasLtMatmulHeuristicResult_t result{};
         int found = 0;
         const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.x, p.y, p.c, p.c,
@@ -110,7 +136,8 @@ void gemm_ex(GemmContext& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N,
     APIARY_CHECK(c == GemmType::f32 || beta == 0.0f, "a bf16 GEMM output takes beta = 0, not {}",
                  beta);
     GemmContext::Impl& im = *ctx.impl_ptr();
-    const Plan& p = im.plan(trans_a, trans_b, M, N, K, lda, ldb, ldc, ab, c);
+    const Plan& p = im.plan(trans_a, trans_b, M, N, K, lda, ldb, ldc, ab, c, alignment_of(A),
+                            alignment_of(B), alignment_of(C));
     const float alpha = 1.0f;
     APIARY_CUBLAS_CALL(cublasLtMatmul(im.lt, p.desc, &alpha, B, p.x, A, p.y, &beta, C, p.c, C, p.c,
                                       &p.algo, im.workspace, im.workspace_bytes, im.stream));

@@ -4,15 +4,16 @@
 # machine's image does not carry (oneDNN, fmt, ...), into .device/ (ignored by
 # git). Name .device in the device tool's `carry`; scripts/device-check.sh
 # uses it when it cannot build there. Not carried: glibc, libstdc++/libgcc
-# (the device's are newer and compatible) and the CUDA libraries (cuBLASLt
-# alone is ~500 MB; the device has its own CUDA 13).
+# (the device's are newer and compatible), the driver, cuBLAS/cuBLASLt
+# (~500 MB; the device's CUDA 13 has them) and NCCL (pip's wheel there).
+# The CUDA runtime the binaries were built against (0.7 MB) is carried.
 #   scripts/device-bundle.sh [build dir, default build]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Its own build folder: portable code (no -march=native of this CPU, which the
 # device's may not have), CUDA required.
 build="${1:-build-bundle}"
-targets=(test_cuda_kernels apiary_cuda_bench apiary_device_train)
+targets=(test_cuda_kernels test_cuda_nccl apiary_cuda_bench apiary_device_train)
 exclude="$(git rev-parse --git-path info/exclude)"
 mkdir -p "$(dirname "$exclude")"
 grep -qx '/.device/' "$exclude" 2>/dev/null || echo '/.device/' >> "$exclude"
@@ -24,7 +25,7 @@ fi
 ninja -C "$build" "${targets[@]}"
 rm -rf .device && mkdir -p .device/bin .device/lib
 for t in "${targets[@]}"; do cp "$build/tests/device/$t" .device/bin/; done
-skip='^(libc|libm|libdl|librt|libpthread|ld-linux-x86-64|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnccl|linux-vdso)\.'
+skip='^(libc|libm|libdl|librt|libpthread|ld-linux-x86-64|libstdc\+\+|libgcc_s|libcuda|libcublas|libcublasLt|libnccl|linux-vdso)\.'
 for bin in .device/bin/*; do
     ldd "$bin" | awk '/=> \// {print $1, $3}'
 done | sort -u | while read -r name path; do

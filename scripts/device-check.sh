@@ -7,7 +7,8 @@
 #               where the image lacks apiary's build dependencies, use the
 #               binaries scripts/device-bundle.sh put in .device/ (carry it)
 #   3. kernels  every CUDA kernel against the CPU kernel on odd shapes,
-#               forward and backward, fp32 and bf16 (test_cuda_kernels)
+#               forward and backward, fp32 and bf16 (test_cuda_kernels); the
+#               NCCL group of one rank on this GPU (test_cuda_nccl)
 #   4. bench    cuBLASLt bf16 / tf32 / fp32 GEMM rates on random data (the
 #               peak MFU is reported against) and attention at GPT-2 shapes
 #   5. curves   the model step through the CUDA kernels (DeviceModel, via
@@ -108,17 +109,18 @@ configure() {
         -DAPIARY_BUILD_BENCH=OFF ${nccl_root:+-DAPIARY_NCCL_ROOT=$nccl_root}
 }
 build() {
-    cmake --build "$BUILD" --parallel "$JOBS" --target test_cuda_kernels apiary_cuda_bench \
-        apiary_device_train apiary
+    cmake --build "$BUILD" --parallel "$JOBS" --target test_cuda_kernels test_cuda_nccl \
+        apiary_cuda_bench apiary_device_train apiary
 }
-if [ "${USE_BUNDLE:-0}" != 1 ] && stage configure 60 "$OUT/build.log" configure &&
-    stage build 300 "$OUT/build.log" build; then
-    BIN="$BUILD/tests/device"
-    APIARY="$BUILD/apiary"
-elif [ -x .device/bin/test_cuda_kernels ]; then
+# A carried bundle is used as it is (USE_BUNDLE=0 builds anyway): building
+# here takes minutes of the lease, and the image may lack the dependencies.
+if [ -x .device/bin/test_cuda_kernels ] && [ "${USE_BUNDLE:-1}" != 0 ]; then
     log "build: using the carried bundle .device/ (scripts/device-bundle.sh)"
     BIN=.device/bin
     export LD_LIBRARY_PATH="$PWD/.device/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+elif stage configure 60 "$OUT/build.log" configure && stage build 300 "$OUT/build.log" build; then
+    BIN="$BUILD/tests/device"
+    APIARY="$BUILD/apiary"
 fi
 # The CUDA libraries the binaries link (cuBLASLt, cudart): the toolkit's, or
 # the pip wheels' that PyTorch uses.
@@ -142,6 +144,13 @@ if [ -n "$BIN" ]; then
 else
     log "kernels: SKIPPED (no build and no bundle)"
     failed+=(kernels)
+fi
+
+# ---- 3b. NCCL on this GPU (a group of one) ----
+if [ -n "$BIN" ] && [ -x "$BIN/test_cuda_nccl" ]; then
+    stage nccl 60 "$OUT/kernels.log" "$BIN/test_cuda_nccl" --gtest_color=no
+    grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$OUT/kernels.log" | tail -n 2 |
+        tee -a "$SUMMARY"
 fi
 
 # ---- 4. bench: the measured peak ----

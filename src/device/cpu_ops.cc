@@ -18,6 +18,7 @@ class CpuOps final : public Ops {
     void to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
     void fill_zero(void* dst, size_t bytes) override { std::memset(dst, 0, bytes); }
     void synchronize() override {}
+    void set_allow_tf32(bool) override {}
 
     void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
               const float* B, int64_t ldb, float beta, float* C, int64_t ldc) override {

@@ -89,6 +89,7 @@ class CudaOps final : public Ops {
         APIARY_CUDA_CALL(cudaMemsetAsync(dst, 0, bytes, stream_));
     }
     void synchronize() override { APIARY_CUDA_CALL(cudaStreamSynchronize(stream_)); }
+    void set_allow_tf32(bool on) override { gemm_->set_allow_tf32(on); }
 
     void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
               const float* B, int64_t ldb, float beta, float* C, int64_t ldc) override {

@@ -23,6 +23,8 @@ class Ops {
     virtual void to_host(void* host_dst, const void* src, size_t bytes) = 0;
     virtual void fill_zero(void* dst, size_t bytes) = 0;
     virtual void synchronize() = 0;
+    // fp32 GEMMs may use tf32 tensor cores (cuda; the CPU ignores it).
+    virtual void set_allow_tf32(bool on) = 0;
 
     virtual void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
                       int64_t lda, const float* B, int64_t ldb, float beta, float* C,

@@ -130,6 +130,9 @@ DeviceModel::DeviceModel(const Transformer& host, int64_t max_B, int64_t max_T,
         ops_.to_device(rope_cos_.data(), cs.data(), cs.size() * sizeof(float));
         ops_.to_device(rope_sin_.data(), sn.data(), sn.size() * sizeof(float));
     }
+    // bf16: the fp32 GEMMs left (the LM head) may take tf32 products, a
+    // smaller rounding than the bf16 operands elsewhere.
+    ops_.set_allow_tf32(bf16);
     ops_.fill_zero(grads_.data(), grads_.bytes());
     ops_.fill_zero(m_.data(), m_.bytes());
     ops_.fill_zero(v_.data(), v_.bytes());

@@ -10,7 +10,7 @@
 // Precision: fp32, or bf16 matmuls (weights, saved inputs and incoming
 // gradients rounded to bf16, fp32 accumulation) as the Transformer's bf16
 // mode, except that attention and the LM head stay fp32 here (the CUDA
-// attention kernel is fp32). This is the GPU backend's proof of
+// attention kernel is fp32; the head's GEMMs take tf32 products on a GPU). This is the GPU backend's proof of
 // composition (scripts/device-check.sh compares its loss curve on cuda
 // with cpu); the trainer does not use it yet (docs/gpu.md).
 

@@ -1,10 +1,11 @@
 // Every CUDA kernel against the CPU kernel on odd shapes, forward and
 // backward, fp32 and bf16. The CPU kernels are themselves checked against
-// fp64 references and finite differences (tests/kernels/); the tolerances
-// here are those tests' (kFwdTol, kBwdTol, the bf16 ones), so a CUDA kernel
-// passes only if it is as close to the truth as the CPU's. Outputs a kernel
-// writes are poisoned with NaN first, so an element it fails to write fails.
-// Without a GPU every test reports itself skipped.
+// fp64 references and finite differences (tests/kernels/) to the tolerances
+// named below; two kernels each that close to the truth are within twice
+// that of each other, so twice is what is allowed here: a CUDA kernel passes
+// only if it could pass the CPU's own tests. Outputs a kernel writes are
+// poisoned with NaN first, so an element it fails to write fails. Without a
+// GPU every test reports itself skipped.
 
 #include <gtest/gtest.h>
 
@@ -22,10 +23,10 @@ namespace {
 namespace k = apiary::kernels;
 using apiary::testing::random_vec;
 
-constexpr double kFwdTol = 1e-5;      // tests/kernels/kernels_test.cc
-constexpr double kBwdTol = 1e-4;      // idem
-constexpr double kBf16FwdTol = 5e-3;  // tests/kernels/attention_test.cc
-constexpr double kBf16BwdTol = 8e-3;
+constexpr double kFwdTol = 2 * 1e-5;      // tests/kernels/kernels_test.cc kFwdTol
+constexpr double kBwdTol = 2 * 1e-4;      // idem kBwdTol
+constexpr double kBf16FwdTol = 2 * 5e-3;  // tests/kernels/attention_test.cc
+constexpr double kBf16BwdTol = 2 * 8e-3;
 
 double rel(const std::vector<float>& got, const std::vector<float>& want) {
     EXPECT_EQ(got.size(), want.size());
@@ -273,7 +274,7 @@ TEST_F(CudaVsCpu, LmHeadCrossEntropyLossAndGradients) {
     const double loss_gpu = ops().lm_head_cross_entropy(up(h), up(W), up(targets), N, C, V, 0.25f,
                                                         DH, DW, &valid_gpu, S, sf);
     EXPECT_EQ(valid_gpu, valid);
-    EXPECT_NEAR(loss_gpu, loss, 1e-5 * std::fabs(loss));
+    EXPECT_NEAR(loss_gpu, loss, 2e-5 * std::fabs(loss));
     EXPECT_LT(rel(down(DH, dh.size()), dh), kBwdTol);
     EXPECT_LT(rel(down(DW, dW.size()), dW), kBwdTol);
 }

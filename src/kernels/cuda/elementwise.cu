@@ -1,9 +1,10 @@
 // Embedding, normalisation, activations, rotary embedding, casts and AdamW on
 // the GPU: memory-bound kernels, one pass each, with the CPU kernels'
 // formulas (kernels/cpu/elementwise.cc, optim.cc). Reductions over rows that
-// feed parameter gradients are done per column in a fixed row order, so they
-// are deterministic; the token-embedding scatter uses atomics (rows may share
-// a token) and is not.
+// feed parameter gradients (norm weights, biases) sum a chunk of rows per
+// thread and add the chunk's sum atomically, and the token-embedding scatter
+// uses atomics (rows may share a token): those gradients are not bitwise
+// deterministic from run to run (fp32 sums in varying order).
 
 #include <cmath>
 
@@ -97,20 +98,32 @@ __global__ void layernorm_backward_dx_k(float* dx, const float* dout, const floa
     }
 }
 
-// dweight (and dbias) += column sums over rows, one thread per column.
+// Rows per thread in the column reductions: enough blocks to fill the GPU at
+// a few thousand rows, few enough atomics.
+constexpr int64_t kRowChunk = 128;
+
+inline dim3 column_grid(int64_t C, int64_t N, int threads) {
+    return dim3(unsigned((C + threads - 1) / threads),
+                unsigned(std::clamp<int64_t>((N + kRowChunk - 1) / kRowChunk, 1, 65535)));
+}
+
+// dweight (and dbias) += column sums over rows: a thread per column and
+// chunk of rows (blockIdx.y), the chunk's sum added atomically.
 __global__ void norm_backward_dw_k(float* dweight, float* dbias, const float* dout, const float* x,
                                    const float* mean, const float* rstd, int64_t N, int64_t C) {
-    for (int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; c < C;
-         c += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+    const int64_t rows_per = (N + gridDim.y - 1) / gridDim.y;
+    const int64_t i0 = blockIdx.y * rows_per, i1 = min(N, i0 + rows_per);
+    if (c < C && i0 < i1) {
         float sw = 0.0f, sb = 0.0f;
-        for (int64_t i = 0; i < N; ++i) {
+        for (int64_t i = i0; i < i1; ++i) {
             const float d = dout[i * C + c];
             const float m = mean ? mean[i] : 0.0f;
             sw += d * (x[i * C + c] - m) * rstd[i];
             sb += d;
         }
-        dweight[c] += sw;
-        if (dbias) dbias[c] += sb;
+        atomicAdd(dweight + c, sw);
+        if (dbias) atomicAdd(dbias + c, sb);
     }
 }
 
@@ -201,10 +214,13 @@ __global__ void add_bias_k(float* y, const float* bias, int64_t N, int64_t C) {
 }
 
 __global__ void column_sums_k(float* sums, const float* x, int64_t N, int64_t C) {
-    APIARY_GRID_STRIDE(c, C) {
+    const int64_t c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+    const int64_t rows_per = (N + gridDim.y - 1) / gridDim.y;
+    const int64_t i0 = blockIdx.y * rows_per, i1 = min(N, i0 + rows_per);
+    if (c < C && i0 < i1) {
         float s = 0.0f;
-        for (int64_t i = 0; i < N; ++i) s += x[i * C + c];
-        sums[c] += s;
+        for (int64_t i = i0; i < i1; ++i) s += x[i * C + c];
+        atomicAdd(sums + c, s);
     }
 }
 
@@ -304,7 +320,8 @@ void layernorm_backward(Stream s, float* dx, float* dweight, float* dbias, const
     if (N == 0) return;
     layernorm_backward_dx_k<<<unsigned(N), kThreads, 0, s>>>(dx, dout, x, weight, mean, rstd, C);
     APIARY_CUDA_LAUNCHED("layernorm_backward");
-    norm_backward_dw_k<<<grid_for(C, 128), 128, 0, s>>>(dweight, dbias, dout, x, mean, rstd, N, C);
+    norm_backward_dw_k<<<column_grid(C, N, 128), 128, 0, s>>>(dweight, dbias, dout, x, mean, rstd,
+                                                               N, C);
     APIARY_CUDA_LAUNCHED("layernorm_backward (weights)");
 }
 
@@ -320,8 +337,8 @@ void rmsnorm_backward(Stream s, float* dx, float* dweight, const float* dout, co
     if (N == 0) return;
     rmsnorm_backward_dx_k<<<unsigned(N), kThreads, 0, s>>>(dx, dout, x, weight, rstd, C);
     APIARY_CUDA_LAUNCHED("rmsnorm_backward");
-    norm_backward_dw_k<<<grid_for(C, 128), 128, 0, s>>>(dweight, nullptr, dout, x, nullptr, rstd,
-                                                         N, C);
+    norm_backward_dw_k<<<column_grid(C, N, 128), 128, 0, s>>>(dweight, nullptr, dout, x, nullptr,
+                                                               rstd, N, C);
     APIARY_CUDA_LAUNCHED("rmsnorm_backward (weights)");
 }
 
@@ -353,7 +370,8 @@ void add_bias(Stream s, float* y, const float* bias, int64_t N, int64_t C) {
     APIARY_CUDA_LAUNCHED("add_bias");
 }
 void linear_bias_backward(Stream s, float* dbias, const float* dy, int64_t N, int64_t OUT) {
-    column_sums_k<<<grid_for(OUT, 128), 128, 0, s>>>(dbias, dy, N, OUT);
+    if (N == 0) return;
+    column_sums_k<<<column_grid(OUT, N, 128), 128, 0, s>>>(dbias, dy, N, OUT);
     APIARY_CUDA_LAUNCHED("linear_bias_backward");
 }
 

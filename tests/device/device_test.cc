@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -83,6 +84,21 @@ TEST(GpuForRank, OneGpuPerLocalRank) {
     const std::string m = message_of([] { gpu_for_rank(2, 2); });
     EXPECT_NE(m.find("local rank 2"), std::string::npos) << m;
     EXPECT_THROW(gpu_for_rank(0, 0), DeviceError);
+}
+
+TEST(LocalRank, FromTheLaunchersEnvironment) {
+    const char* saved = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    const std::string keep = saved ? saved : "";
+    ::setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3", 1);
+    EXPECT_EQ(local_rank_from_env(), 3);
+    ::setenv("OMPI_COMM_WORLD_LOCAL_RANK", "x1", 1);
+    EXPECT_NE(message_of([] { local_rank_from_env(); }).find("OMPI_COMM_WORLD_LOCAL_RANK = 'x1'"),
+              std::string::npos);
+    if (saved) {
+        ::setenv("OMPI_COMM_WORLD_LOCAL_RANK", keep.c_str(), 1);
+    } else {
+        ::unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    }
 }
 
 TEST(DeviceArena, AccountsPerCategoryWithPeaks) {

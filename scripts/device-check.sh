@@ -141,6 +141,14 @@ if [ -n "$BIN" ]; then
         log "kernels: NOT PROVEN (tests skipped: no GPU seen)"
         failed+=(kernels-skipped)
     fi
+    # A failed kernel test again under compute-sanitizer (bad accesses and
+    # races), so the next session starts from the cause.
+    failing="$(sed -n 's/^\[  FAILED  \] \([A-Za-z0-9_.]*\) (.*/\1/p' "$OUT/kernels.log" | sort -u |
+        paste -sd: -)"
+    if [ -n "$failing" ] && command -v compute-sanitizer >/dev/null; then
+        stage sanitizer 90 "$OUT/kernels.log" compute-sanitizer --tool memcheck \
+            "$BIN/test_cuda_kernels" --gtest_color=no --gtest_filter="$failing"
+    fi
 else
     log "kernels: SKIPPED (no build and no bundle)"
     failed+=(kernels)
@@ -148,9 +156,14 @@ fi
 
 # ---- 3b. NCCL on this GPU (a group of one) ----
 if [ -n "$BIN" ] && [ -x "$BIN/test_cuda_nccl" ]; then
+    before=$(wc -l < "$OUT/kernels.log")
     stage nccl 60 "$OUT/kernels.log" "$BIN/test_cuda_nccl" --gtest_color=no
-    grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$OUT/kernels.log" | tail -n 2 |
-        tee -a "$SUMMARY"
+    tail -n "+$((before + 1))" "$OUT/kernels.log" |
+        grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' | tee -a "$SUMMARY"
+    if tail -n "+$((before + 1))" "$OUT/kernels.log" | grep -qE '^\[  SKIPPED \] [1-9]'; then
+        log "nccl: NOT PROVEN (tests skipped)"
+        failed+=(nccl-skipped)
+    fi
 fi
 
 # ---- 4. bench: the measured peak ----

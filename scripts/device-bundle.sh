@@ -22,9 +22,11 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
         -DAPIARY_NATIVE=OFF -DAPIARY_BUILD_BENCH=OFF $(command -v ccache >/dev/null &&
         echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
-ninja -C "$build" "${targets[@]}"
+ninja -C "$build" "${targets[@]}" apiary_cuda
 rm -rf .device && mkdir -p .device/bin .device/lib
 for t in "${targets[@]}"; do cp "$build/tests/device/$t" .device/bin/; done
+# The CUDA module the device layer loads (beside the binaries, where it looks).
+cp "$build/libapiary_cuda.so" .device/bin/
 skip='^(libc|libm|libdl|librt|libpthread|ld-linux-x86-64|libstdc\+\+|libgcc_s|libcuda|libcublas|libcublasLt|libnccl|linux-vdso)\.'
 for bin in .device/bin/*; do
     ldd "$bin" | awk '/=> \// {print $1, $3}'

@@ -45,29 +45,6 @@ std::unique_ptr<RawAllocator> host_allocator(int64_t capacity_bytes) {
     return std::make_unique<HostAllocator>(capacity_bytes);
 }
 
-DeviceBuffer::~DeviceBuffer() { reset(); }
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
-    : arena_(std::exchange(o.arena_, nullptr)),
-      ptr_(std::exchange(o.ptr_, nullptr)),
-      bytes_(std::exchange(o.bytes_, 0)),
-      category_(o.category_) {}
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
-    if (this != &o) {
-        reset();
-        arena_ = std::exchange(o.arena_, nullptr);
-        ptr_ = std::exchange(o.ptr_, nullptr);
-        bytes_ = std::exchange(o.bytes_, 0);
-        category_ = o.category_;
-    }
-    return *this;
-}
-void DeviceBuffer::reset() {
-    if (arena_ && ptr_) arena_->release(ptr_, bytes_, category_);
-    arena_ = nullptr;
-    ptr_ = nullptr;
-    bytes_ = 0;
-}
-
 DeviceArena::DeviceArena(std::unique_ptr<RawAllocator> raw) : raw_(std::move(raw)) {}
 
 DeviceBuffer DeviceArena::allocate(size_t bytes, core::MemCategory category,
@@ -101,7 +78,7 @@ DeviceBuffer DeviceArena::allocate(size_t bytes, core::MemCategory category,
     stats_.total_current += int64_t(bytes);
     stats_.total_peak = std::max(stats_.total_peak, stats_.total_current);
     ++allocations_;
-    return DeviceBuffer(this, p, bytes, category);
+    return make_buffer(p, bytes, category);
 }
 
 void DeviceArena::release(void* ptr, size_t bytes, core::MemCategory category) {

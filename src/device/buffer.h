@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "core/allocator.h"
 
@@ -36,13 +37,28 @@ std::unique_ptr<RawAllocator> cuda_allocator(int device);
 
 class DeviceArena;
 
-// A block of device memory; freed (and un-accounted) when destroyed.
+// A block of device memory; freed (and un-accounted) when destroyed. Its
+// members are inline and reach the arena through virtual calls only, so the
+// CUDA module (cuda_backend.h) can hold buffers without linking this layer.
 class DeviceBuffer {
   public:
     DeviceBuffer() = default;
-    ~DeviceBuffer();
-    DeviceBuffer(DeviceBuffer&& o) noexcept;
-    DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+    ~DeviceBuffer() { reset(); }
+    DeviceBuffer(DeviceBuffer&& o) noexcept
+        : arena_(std::exchange(o.arena_, nullptr)),
+          ptr_(std::exchange(o.ptr_, nullptr)),
+          bytes_(std::exchange(o.bytes_, 0)),
+          category_(o.category_) {}
+    DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+        if (this != &o) {
+            reset();
+            arena_ = std::exchange(o.arena_, nullptr);
+            ptr_ = std::exchange(o.ptr_, nullptr);
+            bytes_ = std::exchange(o.bytes_, 0);
+            category_ = o.category_;
+        }
+        return *this;
+    }
     DeviceBuffer(const DeviceBuffer&) = delete;
     DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
@@ -55,7 +71,7 @@ class DeviceBuffer {
     friend class DeviceArena;
     DeviceBuffer(DeviceArena* arena, void* ptr, size_t bytes, core::MemCategory c)
         : arena_(arena), ptr_(ptr), bytes_(bytes), category_(c) {}
-    void reset();
+    inline void reset();
     DeviceArena* arena_ = nullptr;
     void* ptr_ = nullptr;
     size_t bytes_ = 0;
@@ -65,9 +81,11 @@ class DeviceBuffer {
 class DeviceArena {
   public:
     explicit DeviceArena(std::unique_ptr<RawAllocator> raw);
+    virtual ~DeviceArena() = default;
     // Throws OutOfMemoryError ("cuda:0: 2.0 GiB of activations (what) ...").
     // Zero bytes gives an empty buffer.
-    DeviceBuffer allocate(size_t bytes, core::MemCategory category, const std::string& what = "");
+    virtual DeviceBuffer allocate(size_t bytes, core::MemCategory category,
+                                  const std::string& what = "");
     // From now on allocate() throws: the buffers of a run are made before its
     // first step.
     void seal() { sealed_ = true; }
@@ -76,15 +94,27 @@ class DeviceArena {
     int64_t allocations() const;
     const RawAllocator& raw() const { return *raw_; }
 
-  private:
+  protected:
     friend class DeviceBuffer;
-    void release(void* ptr, size_t bytes, core::MemCategory c);
+    virtual void release(void* ptr, size_t bytes, core::MemCategory c);
+    DeviceBuffer make_buffer(void* ptr, size_t bytes, core::MemCategory c) {
+        return DeviceBuffer(this, ptr, bytes, c);
+    }
+
+  private:
     std::unique_ptr<RawAllocator> raw_;
     mutable std::mutex mu_;
     core::MemStats stats_;
     int64_t allocations_ = 0;
     bool sealed_ = false;
 };
+
+void DeviceBuffer::reset() {
+    if (arena_ && ptr_) arena_->release(ptr_, bytes_, category_);
+    arena_ = nullptr;
+    ptr_ = nullptr;
+    bytes_ = 0;
+}
 
 // "1.50 GiB" for messages.
 std::string format_bytes(int64_t bytes);

@@ -1,4 +1,5 @@
-// The CUDA side of the device layer: the probe, cudaMalloc accounting and
+// The CUDA side of the device layer, built into libapiary_cuda.so with
+// kernels/cuda/ (cuda_backend.h): the probe, cudaMalloc accounting and
 // CudaOps (kernels/cuda/ on one stream per rank). Host C++ over the CUDA
 // runtime; the kernels themselves are in kernels/cuda/*.cu.
 
@@ -7,14 +8,15 @@
 
 #include "core/error.h"
 #include "device/context.h"
+#include "device/cuda_backend.h"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/cuda_kernels.h"
 
 namespace apiary::device {
 
-bool cuda_built() { return true; }
+namespace {
 
-CudaProbe probe_cuda() {
+CudaProbe probe() {
     CudaProbe p;
     p.built = true;
     const cudaError_t e = cudaGetDeviceCount(&p.count);
@@ -25,8 +27,6 @@ CudaProbe probe_cuda() {
     }
     return p;
 }
-
-namespace {
 
 class CudaAllocator final : public RawAllocator {
   public:
@@ -214,14 +214,22 @@ class CudaOps final : public Ops {
     DeviceBuffer partials_, stats_;
 };
 
-}  // namespace
-
-std::unique_ptr<RawAllocator> cuda_allocator(int device) {
+std::unique_ptr<RawAllocator> make_allocator(int device) {
     return std::make_unique<CudaAllocator>(device);
 }
 
-std::unique_ptr<Ops> cuda_ops(DeviceArena& arena, int device) {
+std::unique_ptr<Ops> make_ops(DeviceArena& arena, int device) {
     return std::make_unique<CudaOps>(arena, device);
 }
 
+}  // namespace
 }  // namespace apiary::device
+
+extern "C" __attribute__((visibility("default"))) const apiary::device::CudaBackend*
+apiary_cuda_backend_v1() {
+    static const apiary::device::CudaBackend backend{apiary::device::kCudaBackendAbi,
+                                                     &apiary::device::probe,
+                                                     &apiary::device::make_allocator,
+                                                     &apiary::device::make_ops};
+    return &backend;
+}

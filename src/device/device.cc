@@ -25,6 +25,9 @@ void require_device(DeviceKind kind, const std::string& key,
             "machine with the CUDA toolkit, or set {} = 'cpu'",
             key, key));
     }
+    if (p.module_missing) {
+        throw DeviceError(fmt::format("{} = 'cuda' but {}, or set {} = 'cpu'", key, p.error, key));
+    }
     if (!p.error.empty() || p.count <= 0) {
         throw DeviceError(fmt::format(
             "{} = 'cuda' but no usable GPU: the CUDA runtime reports {} (cudaGetDeviceCount); "

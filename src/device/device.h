@@ -22,6 +22,8 @@ struct CudaProbe {
     bool built = false;
     int count = 0;
     std::string error;  // empty when the runtime answered
+    // The CUDA module (cuda_backend.h) could not be loaded: `error` says why.
+    bool module_missing = false;
 };
 // Asks the CUDA runtime (never throws; on a build without CUDA: built = false).
 CudaProbe probe_cuda();

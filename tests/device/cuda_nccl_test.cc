@@ -10,6 +10,7 @@
 
 #include "comm/nccl_backend.h"
 #include "comm/self_group.h"
+#include "core/error.h"
 #include "device/device.h"
 
 namespace apiary::comm {
@@ -70,6 +71,21 @@ TEST_F(NcclOnOneGpu, CollectivesOfOneRankAreTheIdentity) {
     auto w = group_->barrier();
     w->wait();
     EXPECT_TRUE(w->test());
+}
+
+// Where there is no GPU (CI), the group cannot be made, and says so with an
+// error naming NCCL or the GPU rather than a crash or a hang.
+TEST(NcclBackend, WithoutAGpuRefusesClearly) {
+    if (device::probe_cuda().count > 0) GTEST_SKIP() << "a GPU is here: see NcclOnOneGpu";
+    auto self = std::make_shared<SelfGroup>();
+    try {
+        make_nccl_group(self, nullptr);
+        ADD_FAILURE() << "an NCCL group without a GPU";
+    } catch (const Error& e) {
+        const std::string m = e.what();
+        EXPECT_TRUE(m.find("NCCL") != std::string::npos || m.find("CUDA") != std::string::npos)
+            << m;
+    }
 }
 
 TEST_F(NcclOnOneGpu, SplitGivesAGroupOfOne) {

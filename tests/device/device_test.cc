@@ -53,6 +53,19 @@ TEST(RequireDevice, CudaOnABuildWithoutCudaSaysSoAndNamesTheKey) {
     EXPECT_NE(m.find("APIARY_CUDA=ON"), std::string::npos) << m;
 }
 
+TEST(RequireDevice, CudaWithoutItsModuleSaysWhichFile) {
+    const auto no_module = [] {
+        return CudaProbe{true, 0, "apiary's CUDA module libapiary_cuda.so could not be loaded (x)",
+                         true};
+    };
+    const std::string m =
+        message_of([&] { require_device(DeviceKind::cuda, "train.device", no_module); });
+    EXPECT_NE(m.find("train.device = 'cuda' but apiary's CUDA module libapiary_cuda.so could not "
+                     "be loaded"),
+              std::string::npos)
+        << m;
+}
+
 TEST(RequireDevice, CudaWithoutAGpuQuotesTheRuntime) {
     const auto no_driver = [] { return CudaProbe{true, 0, "cudaErrorInsufficientDriver (...)"}; };
     const std::string m =

@@ -250,10 +250,11 @@ import json, sys
 r = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")][-1]
 peak = float(sys.argv[2]) * 1e12
 L, C, T, V = 12, 768, r["seq"], 50257
-# 6 N per token for the weights (N without the position table) + attention's
-# 6 L T C per token (causal: half of 12 L T C).
+# apiary's count (core::ModelSpec::train_flops_per_token, PaLM's): 6 per
+# matmul weight (all parameters but the position table; norms and biases
+# are a rounding error) + 12 L T C for attention.
 n = r["params"] - 1024 * C
-flops_per_token = 6 * n + 6 * L * T * C
+flops_per_token = 6 * n + 12 * L * T * C
 mfu = r["tokens_per_s"] * flops_per_token / peak if peak > 0 else float("nan")
 print(f"torch eager {r['gpu']}: {r['tokens_per_s']:.0f} tokens/s, step {r['step_time_s']*1e3:.1f} ms, "
       f"MFU {mfu:.1%} of the measured bf16 peak ({sys.argv[2]} TFLOP/s)")

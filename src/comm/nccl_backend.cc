@@ -25,7 +25,8 @@ using Clock = std::chrono::steady_clock;
 void nccl_check(ncclResult_t r, const char* what, const std::string& group) {
     if (r != ncclSuccess) {
         throw CommError(fmt::format("NCCL {} on {} failed: {} ({}); last NCCL message: {}", what,
-                                    group, ncclGetErrorString(r), int(r), ncclGetLastError(nullptr)));
+                                    group, ncclGetErrorString(r), int(r),
+                                    ncclGetLastError(nullptr)));
     }
 }
 
@@ -38,20 +39,28 @@ void cuda_check(cudaError_t e, const char* what, const std::string& group) {
 
 ncclDataType_t nccl_type(DType dt) {
     switch (dt) {
-        case DType::f32: return ncclFloat32;
-        case DType::bf16: return ncclBfloat16;
-        case DType::f16: return ncclFloat16;
-        case DType::i64: return ncclInt64;
-        case DType::f64: return ncclFloat64;
+        case DType::f32:
+            return ncclFloat32;
+        case DType::bf16:
+            return ncclBfloat16;
+        case DType::f16:
+            return ncclFloat16;
+        case DType::i64:
+            return ncclInt64;
+        case DType::f64:
+            return ncclFloat64;
     }
     throw CommError("NCCL: unknown dtype");
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
     switch (op) {
-        case ReduceOp::sum: return ncclSum;
-        case ReduceOp::avg: return ncclAvg;
-        case ReduceOp::max: return ncclMax;
+        case ReduceOp::sum:
+            return ncclSum;
+        case ReduceOp::avg:
+            return ncclAvg;
+        case ReduceOp::max:
+            return ncclMax;
     }
     throw CommError("NCCL: unknown reduce op");
 }
@@ -71,9 +80,10 @@ struct State {
         nccl_check(ncclCommGetAsyncError(comm, &async), "ncclCommGetAsyncError", name);
         if (async != ncclSuccess) {
             abort();
-            throw CommError(fmt::format("NCCL group {}: asynchronous error {} ({}); a peer failed "
-                                        "or the network did; the communicator is aborted",
-                                        name, ncclGetErrorString(async), int(async)));
+            throw CommError(
+                fmt::format("NCCL group {}: asynchronous error {} ({}); a peer failed "
+                            "or the network did; the communicator is aborted",
+                            name, ncclGetErrorString(async), int(async)));
         }
     }
     void abort() {
@@ -128,7 +138,9 @@ class NcclGroup final : public ProcessGroup {
     NcclGroup(std::shared_ptr<ProcessGroup> boot, ncclComm_t comm, cudaStream_t stream,
               const NcclOptions& o)
         : ProcessGroup(boot->rank(), boot->size(), boot->name(), boot->world_ranks()),
-          boot_(std::move(boot)), options_(o), st_(std::make_shared<State>()) {
+          boot_(std::move(boot)),
+          options_(o),
+          st_(std::make_shared<State>()) {
         st_->comm = comm;
         st_->stream = stream;
         st_->name = describe() + " [nccl]";
@@ -162,17 +174,17 @@ class NcclGroup final : public ProcessGroup {
     WorkHandle all_gather(const void* send, void* recv, int64_t send_count, DType dt,
                           Tag tag) override {
         const Fingerprint fp = next(CollOp::all_gather, dt, send_count, tag);
-        nccl_check(ncclAllGather(send, recv, size_t(send_count), nccl_type(dt), st_->comm,
-                                 st_->stream),
-                   "ncclAllGather", st_->name);
+        nccl_check(
+            ncclAllGather(send, recv, size_t(send_count), nccl_type(dt), st_->comm, st_->stream),
+            "ncclAllGather", st_->name);
         return done(fp);
     }
     WorkHandle broadcast(void* buf, int64_t count, DType dt, int root, Tag tag) override {
         check_peer(root);
         const Fingerprint fp = next(CollOp::broadcast, dt, count, tag, root);
-        nccl_check(ncclBroadcast(buf, buf, size_t(count), nccl_type(dt), root, st_->comm,
-                                 st_->stream),
-                   "ncclBroadcast", st_->name);
+        nccl_check(
+            ncclBroadcast(buf, buf, size_t(count), nccl_type(dt), root, st_->comm, st_->stream),
+            "ncclBroadcast", st_->name);
         return done(fp);
     }
     WorkHandle all_to_all(const void* send, void* recv, int64_t count_per_rank, DType dt,
@@ -216,9 +228,9 @@ class NcclGroup final : public ProcessGroup {
         auto sub_boot = boot_->split(color, key, name);
         ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
         ncclComm_t sub = nullptr;
-        nccl_check(ncclCommSplit(st_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub,
-                                 &config),
-                   "ncclCommSplit", st_->name);
+        nccl_check(
+            ncclCommSplit(st_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &sub, &config),
+            "ncclCommSplit", st_->name);
         if (!sub_boot) return nullptr;
         return std::make_shared<NcclGroup>(sub_boot, sub, st_->stream, options_);
     }

@@ -39,14 +39,13 @@ NcclId exchange_nccl_id(ProcessGroup& boot, const std::function<NcclId()>& make)
             std::memcpy(p.message, m.data(), size_t(p.message_len));
         }
     }
-    boot.broadcast(&p, int64_t(sizeof(Payload) / sizeof(int64_t)), DType::i64, 0,
-                   Tag{"nccl_id", 0})
+    boot.broadcast(&p, int64_t(sizeof(Payload) / sizeof(int64_t)), DType::i64, 0, Tag{"nccl_id", 0})
         ->wait();
     if (failure) std::rethrow_exception(failure);
     if (p.ok != 1) {
         throw CommError(fmt::format(
-            "NCCL bootstrap of {}: rank 0 could not create the NCCL unique id: {}",
-            boot.describe(), std::string(p.message, size_t(std::clamp<int64_t>(p.message_len, 0, kMessageBytes)))));
+            "NCCL bootstrap of {}: rank 0 could not create the NCCL unique id: {}", boot.describe(),
+            std::string(p.message, size_t(std::clamp<int64_t>(p.message_len, 0, kMessageBytes)))));
     }
     NcclId id;
     std::memcpy(id.data(), p.id, kNcclIdBytes);

@@ -37,7 +37,9 @@ int local_rank_from_env() {
 
 DeviceContext::DeviceContext(DeviceKind kind, int index, std::unique_ptr<RawAllocator> raw,
                              std::unique_ptr<Ops> ops)
-    : kind_(kind), index_(index), arena_(std::make_unique<DeviceArena>(std::move(raw))),
+    : kind_(kind),
+      index_(index),
+      arena_(std::make_unique<DeviceArena>(std::move(raw))),
       ops_(std::move(ops)) {}
 
 DeviceContext::~DeviceContext() { ops_.reset(); }
@@ -46,9 +48,8 @@ std::unique_ptr<DeviceContext> DeviceContext::open(DeviceKind kind, int local_ra
                                                    const std::string& key) {
     if (kind == DeviceKind::cpu) {
         const int64_t avail = core::available_memory_bytes();
-        return std::make_unique<DeviceContext>(kind, 0,
-                                               host_allocator(avail > 0 ? avail : INT64_MAX),
-                                               cpu_ops());
+        return std::make_unique<DeviceContext>(
+            kind, 0, host_allocator(avail > 0 ? avail : INT64_MAX), cpu_ops());
     }
     const CudaProbe p = probe_cuda();
     require_device(kind, key, [&] { return p; });

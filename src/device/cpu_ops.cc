@@ -14,8 +14,12 @@ namespace k = apiary::kernels;
 class CpuOps final : public Ops {
   public:
     std::string name() const override { return "cpu"; }
-    void to_device(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
-    void to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+    void to_device(void* dst, const void* src, size_t bytes) override {
+        std::memcpy(dst, src, bytes);
+    }
+    void to_host(void* dst, const void* src, size_t bytes) override {
+        std::memcpy(dst, src, bytes);
+    }
     void fill_zero(void* dst, size_t bytes) override { std::memset(dst, 0, bytes); }
     void synchronize() override {}
     void set_allow_tf32(bool) override {}
@@ -73,7 +77,9 @@ class CpuOps final : public Ops {
                           const float* rstd, int64_t N, int64_t C) override {
         k::rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
     }
-    void gelu_forward(float* out, const float* x, int64_t n) override { k::gelu_forward(out, x, n); }
+    void gelu_forward(float* out, const float* x, int64_t n) override {
+        k::gelu_forward(out, x, n);
+    }
     void gelu_backward(float* dx, const float* x, const float* dout, int64_t n) override {
         k::gelu_backward(dx, x, dout, n);
     }

@@ -57,7 +57,8 @@ Loaded load() {
         using Entry = const CudaBackend* (*)();
         auto entry = reinterpret_cast<Entry>(dlsym(h, "apiary_cuda_backend_v1"));
         if (!entry) {
-            tried += fmt::format("{}{}: no apiary_cuda_backend_v1", tried.empty() ? "" : "; ", path);
+            tried +=
+                fmt::format("{}{}: no apiary_cuda_backend_v1", tried.empty() ? "" : "; ", path);
             continue;
         }
         const CudaBackend* b = entry();
@@ -68,9 +69,10 @@ Loaded load() {
         l.backend = b;
         return l;
     }
-    l.why = fmt::format("apiary's CUDA module {} could not be loaded ({}); set APIARY_CUDA_MODULE "
-                        "to its path",
-                        kModule, tried.empty() ? "not found" : tried);
+    l.why = fmt::format(
+        "apiary's CUDA module {} could not be loaded ({}); set APIARY_CUDA_MODULE "
+        "to its path",
+        kModule, tried.empty() ? "not found" : tried);
     return l;
 }
 

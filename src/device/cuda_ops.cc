@@ -227,9 +227,8 @@ std::unique_ptr<Ops> make_ops(DeviceArena& arena, int device) {
 
 extern "C" __attribute__((visibility("default"))) const apiary::device::CudaBackend*
 apiary_cuda_backend_v1() {
-    static const apiary::device::CudaBackend backend{apiary::device::kCudaBackendAbi,
-                                                     &apiary::device::probe,
-                                                     &apiary::device::make_allocator,
-                                                     &apiary::device::make_ops};
+    static const apiary::device::CudaBackend backend{
+        apiary::device::kCudaBackendAbi, &apiary::device::probe, &apiary::device::make_allocator,
+        &apiary::device::make_ops};
     return &backend;
 }

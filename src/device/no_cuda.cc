@@ -11,9 +11,10 @@ CudaProbe probe_cuda() { return {}; }
 
 namespace {
 [[noreturn]] void no_cuda(const char* what) {
-    throw DeviceError(fmt::format("{}: this apiary was built without the CUDA backend "
-                                  "(APIARY_CUDA=OFF, or AUTO found no CUDA toolkit)",
-                                  what));
+    throw DeviceError(
+        fmt::format("{}: this apiary was built without the CUDA backend "
+                    "(APIARY_CUDA=OFF, or AUTO found no CUDA toolkit)",
+                    what));
 }
 }  // namespace
 

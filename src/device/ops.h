@@ -60,8 +60,7 @@ class Ops {
     virtual void rmsnorm_forward(float* out, float* rstd, const float* x, const float* weight,
                                  int64_t N, int64_t C, float eps) = 0;
     virtual void rmsnorm_backward(float* dx, float* dweight, const float* dout, const float* x,
-                                  const float* weight, const float* rstd, int64_t N,
-                                  int64_t C) = 0;
+                                  const float* weight, const float* rstd, int64_t N, int64_t C) = 0;
     virtual void gelu_forward(float* out, const float* x, int64_t n) = 0;
     virtual void gelu_backward(float* dx, const float* x, const float* dout, int64_t n) = 0;
     virtual void swiglu_forward(float* out, const float* h, int64_t N, int64_t F) = 0;

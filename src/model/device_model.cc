@@ -26,13 +26,20 @@ DeviceBuffer alloc(device::DeviceContext& ctx, int64_t n, size_t elem, MemCatego
 
 }  // namespace
 
-DeviceModel::DeviceModel(const Transformer& host, int64_t max_B, int64_t max_T,
-                         Precision precision, device::DeviceContext& ctx)
-    : spec_(host.spec()), registry_(host.registry()), dims_(host.dims()), precision_(precision),
-      ctx_(ctx), ops_(ctx.ops()), flat_(host.flat_size()), max_B_(max_B), max_T_(max_T),
+DeviceModel::DeviceModel(const Transformer& host, int64_t max_B, int64_t max_T, Precision precision,
+                         device::DeviceContext& ctx)
+    : spec_(host.spec()),
+      registry_(host.registry()),
+      dims_(host.dims()),
+      precision_(precision),
+      ctx_(ctx),
+      ops_(ctx.ops()),
+      flat_(host.flat_size()),
+      max_B_(max_B),
+      max_T_(max_T),
       gpt2_(spec_.arch == core::Arch::gpt2) {
-    if (spec_.moe() || host.shard().tp_size > 1 || host.num_chunks() != 1 || !host.shard().embedding ||
-        !host.shard().head) {
+    if (spec_.moe() || host.shard().tp_size > 1 || host.num_chunks() != 1 ||
+        !host.shard().embedding || !host.shard().head) {
         throw ConfigError(
             "the device step runs the whole dense model on one rank (no mixture of experts, "
             "tensor or pipeline parallelism yet)");
@@ -46,12 +53,12 @@ DeviceModel::DeviceModel(const Transformer& host, int64_t max_B, int64_t max_T,
         Handles& h = handles_[size_t(l)];
         if (gpt2_) {
             const std::string p = fmt::format("h.{}.", l);
-            h = {r.index_of(p + "ln_1.weight"),      r.index_of(p + "ln_1.bias"),
+            h = {r.index_of(p + "ln_1.weight"),        r.index_of(p + "ln_1.bias"),
                  r.index_of(p + "attn.c_attn.weight"), r.index_of(p + "attn.c_attn.bias"),
                  r.index_of(p + "attn.c_proj.weight"), r.index_of(p + "attn.c_proj.bias"),
-                 r.index_of(p + "ln_2.weight"),      r.index_of(p + "ln_2.bias"),
-                 r.index_of(p + "mlp.c_fc.weight"),  r.index_of(p + "mlp.c_fc.bias"),
-                 r.index_of(p + "mlp.c_proj.weight"), r.index_of(p + "mlp.c_proj.bias")};
+                 r.index_of(p + "ln_2.weight"),        r.index_of(p + "ln_2.bias"),
+                 r.index_of(p + "mlp.c_fc.weight"),    r.index_of(p + "mlp.c_fc.bias"),
+                 r.index_of(p + "mlp.c_proj.weight"),  r.index_of(p + "mlp.c_proj.bias")};
         } else {
             const std::string p = fmt::format("model.layers.{}.", l);
             h.ln1_w = r.index_of(p + "input_layernorm.weight");
@@ -178,8 +185,8 @@ void DeviceModel::lin_bwd(float* dx, int w, int b, const float* dy, const float*
         auto* dyh = static_cast<uint16_t*>(dy_h_.data());
         ops_.to_bf16(dyh, dy, N * OUT);
         if (dbias) ops_.linear_bias_backward(dbias, dy, N, OUT);
-        ops_.linear_backward_bf16(dx, G(w), dyh, static_cast<const uint16_t*>(x_half.data()),
-                                  H(w), N, IN, OUT);
+        ops_.linear_backward_bf16(dx, G(w), dyh, static_cast<const uint16_t*>(x_half.data()), H(w),
+                                  N, IN, OUT);
     } else {
         ops_.linear_backward(dx, G(w), dbias, dy, x, P(w), N, IN, OUT);
     }
@@ -246,8 +253,8 @@ void DeviceModel::block_backward(int l, const float* in, int64_t B, int64_t T) {
             gpt2_ ? F : 2 * F);
     norm_bwd(p.ln2_w, p.ln2_b, dnorm_.f32(), a.res2.f32(), a.mean2.f32(), a.rstd2.f32(), N);
     lin_bwd(datty_.f32(), p.proj_w, p.proj_b, dres_.f32(), a.atty.f32(), a.atty_h, N, Cl, C);
-    ops_.attention_backward(dqkv_.f32(), datty_.f32(), a.qkv.f32(), a.atty.f32(), a.lse.f32(), B,
-                            T, NH, KVH, HS, attn_scratch_.f32());
+    ops_.attention_backward(dqkv_.f32(), datty_.f32(), a.qkv.f32(), a.atty.f32(), a.lse.f32(), B, T,
+                            NH, KVH, HS, attn_scratch_.f32());
     if (!gpt2_) {
         ops_.rope_apply(dqkv_.f32(), rope_cos_.f32(), rope_sin_.f32(), B, T, R, 0, NH, HS, true);
         ops_.rope_apply(dqkv_.f32(), rope_cos_.f32(), rope_sin_.f32(), B, T, R, NH * HS, KVH, HS,
@@ -301,8 +308,9 @@ LossResult DeviceModel::forward_backward(const int32_t* tokens, const int32_t* t
 
 double DeviceModel::adamw_step(const DeviceAdamW& a, int64_t t) {
     const double norm = std::sqrt(ops_.sum_squares(grads_.f32(), flat_));
-    const float scale =
-        (a.grad_clip > 0.0f && norm > double(a.grad_clip)) ? float(double(a.grad_clip) / norm) : 1.0f;
+    const float scale = (a.grad_clip > 0.0f && norm > double(a.grad_clip))
+                            ? float(double(a.grad_clip) / norm)
+                            : 1.0f;
     auto* h = static_cast<uint16_t*>(params_h_.data());
     for (const ParamInfo& e : registry_.entries()) {
         const int64_t o = e.offset;

@@ -10,9 +10,9 @@
 // Precision: fp32, or bf16 matmuls (weights, saved inputs and incoming
 // gradients rounded to bf16, fp32 accumulation) as the Transformer's bf16
 // mode, except that attention and the LM head stay fp32 here (the CUDA
-// attention kernel is fp32; the head's GEMMs take tf32 products on a GPU). This is the GPU backend's proof of
-// composition (scripts/device-check.sh compares its loss curve on cuda
-// with cpu); the trainer does not use it yet (docs/gpu.md).
+// attention kernel is fp32; the head's GEMMs take tf32 products on a GPU). This is the GPU
+// backend's proof of composition (scripts/device-check.sh compares its loss curve on cuda with
+// cpu); the trainer does not use it yet (docs/gpu.md).
 
 #include <cstdint>
 #include <vector>
@@ -44,8 +44,8 @@ class DeviceModel {
 
     // One micro-batch: tokens and targets (B, T) on the host; gradients of
     // (loss_sum * grad_scale) are ADDED to the gradient buffer.
-    LossResult forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B,
-                                int64_t T, float grad_scale);
+    LossResult forward_backward(const int32_t* tokens, const int32_t* targets, int64_t B, int64_t T,
+                                float grad_scale);
     // AdamW on every tensor (decay per the registry), after clipping the
     // global gradient norm; step t is 1-based. Returns the norm before clipping.
     double adamw_step(const DeviceAdamW& a, int64_t t);

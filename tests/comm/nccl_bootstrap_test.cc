@@ -42,9 +42,8 @@ TEST(NcclBootstrap, FailureOnRankZeroReachesEveryRank) {
     std::vector<std::string> errors(3);
     run_threads(3, [&](ProcessGroup& g) {
         try {
-            exchange_nccl_id(g, []() -> NcclId {
-                throw CommError("ncclGetUniqueId: no network interface");
-            });
+            exchange_nccl_id(
+                g, []() -> NcclId { throw CommError("ncclGetUniqueId: no network interface"); });
         } catch (const CommError& e) {
             std::lock_guard lock(mu);
             errors[size_t(g.rank())] = e.what();

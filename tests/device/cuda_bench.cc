@@ -139,12 +139,14 @@ int main(int argc, char** argv) try {
     check_finite(out, size_t(B * T * NH * HS), "attention forward");
     check_finite(dqkv, size_t(B * T * W), "attention backward");
     const double msf = median_ms(s, repeats, fwd), msb = median_ms(s, repeats, bwd);
-    std::printf("{\"bench\": \"attention_fwd_fp32\", \"B\": %lld, \"T\": %lld, \"ms\": %.4f, "
-                "\"tflops\": %.2f}\n",
-                (long long)B, (long long)T, msf, attn_fwd / msf / 1e9);
-    std::printf("{\"bench\": \"attention_bwd_fp32\", \"B\": %lld, \"T\": %lld, \"ms\": %.4f, "
-                "\"tflops\": %.2f}\n",
-                (long long)B, (long long)T, msb, 2.5 * attn_fwd / msb / 1e9);
+    std::printf(
+        "{\"bench\": \"attention_fwd_fp32\", \"B\": %lld, \"T\": %lld, \"ms\": %.4f, "
+        "\"tflops\": %.2f}\n",
+        (long long)B, (long long)T, msf, attn_fwd / msf / 1e9);
+    std::printf(
+        "{\"bench\": \"attention_bwd_fp32\", \"B\": %lld, \"T\": %lld, \"ms\": %.4f, "
+        "\"tflops\": %.2f}\n",
+        (long long)B, (long long)T, msb, 2.5 * attn_fwd / msb / 1e9);
     return 0;
 } catch (const std::exception& e) {
     std::fprintf(stderr, "apiary_cuda_bench: %s\n", e.what());

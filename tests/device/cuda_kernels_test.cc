@@ -164,8 +164,8 @@ TEST_F(CudaVsCpu, LayerNormAndRmsNormForwardAndBackward) {
                d = random_vec(N * C, 26), dx0 = random_vec(N * C, 27), dw0 = random_vec(C, 28);
     {
         std::vector<float> y(N * C), mean(N), rstd(N), dx = dx0, dw = dw0, db = dw0;
-        k::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N,
-                             C, 1e-5f);
+        k::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C,
+                             1e-5f);
         k::layernorm_backward(dx.data(), dw.data(), db.data(), d.data(), x.data(), w.data(),
                               mean.data(), rstd.data(), N, C);
         float *Y = up(nan_vec(y.size())), *M = up(nan_vec(N)), *R = up(nan_vec(N));
@@ -234,7 +234,8 @@ void check_attention(CudaVsCpu& t, Ops& ops, int B, int T, int NH, int KVH, int 
                      const std::function<float*(size_t)>& scratch) {
     (void)t;
     const int W = (NH + 2 * KVH) * HS;
-    const auto qkv = random_vec(size_t(B) * T * W, 32), dout = random_vec(size_t(B) * T * NH * HS, 33);
+    const auto qkv = random_vec(size_t(B) * T * W, 32),
+               dout = random_vec(size_t(B) * T * NH * HS, 33);
     std::vector<float> out(size_t(B) * T * NH * HS), lse(size_t(B) * NH * T), dqkv(qkv.size());
     k::attention_forward(out.data(), lse.data(), qkv.data(), B, T, NH, KVH, HS);
     k::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, NH,
@@ -261,14 +262,15 @@ TEST_F(CudaVsCpu, AttentionForwardAndBackwardGroupedQueryOddShapes) {
 
 TEST_F(CudaVsCpu, LmHeadCrossEntropyLossAndGradients) {
     const int N = 601, C = 40, V = 301;  // > one 512-row block
-    const auto h = random_vec(N * C, 34), W = random_vec(V * C, 35, 0.3f), dW0 = random_vec(V * C, 36);
+    const auto h = random_vec(N * C, 34), W = random_vec(V * C, 35, 0.3f),
+               dW0 = random_vec(V * C, 36);
     std::vector<int32_t> targets(N);
     for (int i = 0; i < N; ++i) targets[i] = (i % 9 == 4) ? -1 : (i * 37) % V;
     std::vector<float> dh(N * C), dW = dW0, scratch(size_t(k::lm_head_scratch_floats(N, V)));
     int64_t valid = 0, valid_gpu = 0;
-    const double loss = k::lm_head_cross_entropy(h.data(), W.data(), targets.data(), N, C, V, 0.25f,
-                                                 dh.data(), dW.data(), &valid, scratch.data(),
-                                                 int64_t(scratch.size()));
+    const double loss =
+        k::lm_head_cross_entropy(h.data(), W.data(), targets.data(), N, C, V, 0.25f, dh.data(),
+                                 dW.data(), &valid, scratch.data(), int64_t(scratch.size()));
     const int64_t sf = ops().lm_head_scratch_floats(N, V);
     float *DH = up(nan_vec(dh.size())), *DW = up(dW0), *S = up(std::vector<float>(size_t(sf)));
     const double loss_gpu = ops().lm_head_cross_entropy(up(h), up(W), up(targets), N, C, V, 0.25f,
@@ -296,7 +298,8 @@ TEST_F(CudaVsCpu, AdamWAndItsBf16Copy) {
     EXPECT_LT(rel(down(Vv, n), v), kFwdTol);
     const auto got16 = down(P16, n);
     int64_t off_by_more_than_one_ulp = 0;
-    for (int i = 0; i < n; ++i) off_by_more_than_one_ulp += std::abs(int(got16[i]) - int(p16[i])) > 1;
+    for (int i = 0; i < n; ++i)
+        off_by_more_than_one_ulp += std::abs(int(got16[i]) - int(p16[i])) > 1;
     EXPECT_EQ(off_by_more_than_one_ulp, 0);
 }
 
@@ -327,7 +330,8 @@ TEST_F(CudaVsCpu, CastsLossScalingAndNorms) {
     ops().scale_inplace(S, n, 1.0f / 1024);
     ops().add_inplace(Y, S, n);
     EXPECT_EQ(down(Y, n), y);
-    EXPECT_NEAR(ops().sum_squares(Y, n), k::sum_squares(y.data(), n), 1e-6 * k::sum_squares(y.data(), n));
+    EXPECT_NEAR(ops().sum_squares(Y, n), k::sum_squares(y.data(), n),
+                1e-6 * k::sum_squares(y.data(), n));
 }
 
 }  // namespace

@@ -73,10 +73,13 @@ TEST(RequireDevice, CudaWithoutAGpuQuotesTheRuntime) {
     EXPECT_NE(m.find("no usable GPU"), std::string::npos) << m;
     EXPECT_NE(m.find("cudaErrorInsufficientDriver"), std::string::npos) << m;
     EXPECT_THROW(require_device(DeviceKind::cuda, "train.device",
-                                [] { return CudaProbe{true, 0, ""}; }),
+                                [] {
+                                    return CudaProbe{true, 0, ""};
+                                }),
                  DeviceError);
-    EXPECT_NO_THROW(require_device(DeviceKind::cuda, "train.device",
-                                   [] { return CudaProbe{true, 1, ""}; }));
+    EXPECT_NO_THROW(require_device(DeviceKind::cuda, "train.device", [] {
+        return CudaProbe{true, 1, ""};
+    }));
 }
 
 // On this machine, whatever it is: the real probe and the real refusal agree.
@@ -199,8 +202,8 @@ TEST(CpuOps, EachEntryCallsItsKernel) {
 
     std::vector<float> p1 = x, p2 = x, mm1(N * C, 0.f), mm2(N * C, 0.f), v1(N * C, 0.f),
                        v2(N * C, 0.f);
-    ops->adamw_update(p1.data(), d.data(), mm1.data(), v1.data(), N * C, 1e-3f, 0.9f, 0.95f,
-                      1e-8f, 0.1f, 3, 0.5f);
+    ops->adamw_update(p1.data(), d.data(), mm1.data(), v1.data(), N * C, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                      0.1f, 3, 0.5f);
     k::adamw_update(p2.data(), d.data(), mm2.data(), v2.data(), N * C, 1e-3f, 0.9f, 0.95f, 1e-8f,
                     0.1f, 3, 0.5f);
     EXPECT_TRUE(same(p1, p2) && same(v1, v2));

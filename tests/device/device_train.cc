@@ -37,16 +37,26 @@ Args parse(int argc, char** argv) {
         const std::string k = argv[i];
         if (i + 1 >= argc) throw ConfigError(fmt::format("{} needs a value", k));
         const std::string v = argv[++i];
-        if (k == "--device") a.device = v;
-        else if (k == "--preset") a.preset = v;
-        else if (k == "--precision") a.precision = v;
-        else if (k == "--batch") a.batch = std::stoll(v);
-        else if (k == "--seq") a.seq = std::stoll(v);
-        else if (k == "--steps") a.steps = std::stoll(v);
-        else if (k == "--warmup") a.warmup = std::stoll(v);
-        else if (k == "--lr") a.lr = std::stod(v);
-        else if (k == "--peak-tflops") a.peak_tflops = std::stod(v);
-        else throw ConfigError(fmt::format("unknown argument {}", k));
+        if (k == "--device")
+            a.device = v;
+        else if (k == "--preset")
+            a.preset = v;
+        else if (k == "--precision")
+            a.precision = v;
+        else if (k == "--batch")
+            a.batch = std::stoll(v);
+        else if (k == "--seq")
+            a.seq = std::stoll(v);
+        else if (k == "--steps")
+            a.steps = std::stoll(v);
+        else if (k == "--warmup")
+            a.warmup = std::stoll(v);
+        else if (k == "--lr")
+            a.lr = std::stod(v);
+        else if (k == "--peak-tflops")
+            a.peak_tflops = std::stod(v);
+        else
+            throw ConfigError(fmt::format("unknown argument {}", k));
     }
     return a;
 }
@@ -78,9 +88,10 @@ int main(int argc, char** argv) try {
         t[1] = int32_t(rng.u32(uint64_t(p) + 1000) % uint32_t(spec.vocab_size));
         for (int64_t i = 2; i <= n; ++i) {
             const uint32_t noise = rng.u32(uint64_t(p * (n + 1) + i) + 7777);
-            t[size_t(i)] = noise % 8 == 0 ? int32_t(noise / 8 % uint32_t(spec.vocab_size))
-                                          : int32_t((t[size_t(i - 1)] * 31 + t[size_t(i - 2)] * 7 + 3) %
-                                                    spec.vocab_size);
+            t[size_t(i)] =
+                noise % 8 == 0
+                    ? int32_t(noise / 8 % uint32_t(spec.vocab_size))
+                    : int32_t((t[size_t(i - 1)] * 31 + t[size_t(i - 2)] * 7 + 3) % spec.vocab_size);
         }
         targets[size_t(p)].assign(t.begin() + 1, t.end());
         t.pop_back();
@@ -97,7 +108,8 @@ int main(int argc, char** argv) try {
                                                          a.batch, a.seq, 1.0f / float(n));
         const double norm = dev.adamw_step(opt, step);
         ctx->ops().synchronize();
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (step > a.warmup) times.push_back(s);
         loss = r.mean();
         std::printf("{\"step\": %lld, \"loss\": %.6f, \"grad_norm\": %.6f, \"ms\": %.3f}\n",

@@ -58,8 +58,7 @@ void check_against_transformer(const char* preset, Precision precision, double t
     EXPECT_NEAR(got.loss_sum, want.loss_sum, tol * want.loss_sum) << preset;
     std::vector<float> g(size_t(dev.flat_size()));
     dev.read_grads(g.data());
-    EXPECT_LT(rel(g, host.grads(), g.size()), precision == Precision::fp32 ? 1e-5 : 3e-2)
-        << preset;
+    EXPECT_LT(rel(g, host.grads(), g.size()), precision == Precision::fp32 ? 1e-5 : 3e-2) << preset;
     // Per tensor as well: a small tensor's error would hide in the global max.
     for (const ParamInfo& e : host.registry().entries()) {
         std::vector<float> part(g.begin() + e.offset, g.begin() + e.offset + e.numel());
@@ -99,8 +98,8 @@ TEST(DeviceModel, AdamWStepsLowerTheLossWithDecayPerTensor) {
     const size_t n = size_t(dev.flat_size());
     for (int step = 1; step <= 5; ++step) {
         dev.zero_grads();
-        const LossResult r = dev.forward_backward(b.tokens.data(), b.targets.data(), B, T,
-                                                  1.0f / float(B * T));
+        const LossResult r =
+            dev.forward_backward(b.tokens.data(), b.targets.data(), B, T, 1.0f / float(B * T));
         (step == 1 ? first : last) = r.mean();
         std::vector<float> p(n), g(n);
         dev.read_params(p.data());
@@ -113,8 +112,8 @@ TEST(DeviceModel, AdamWStepsLowerTheLossWithDecayPerTensor) {
             std::vector<float> m(n, 0.0f), v(n, 0.0f);
             for (const ParamInfo& e : host.registry().entries()) {
                 kernels::adamw_update(p.data() + e.offset, g.data() + e.offset, m.data() + e.offset,
-                                      v.data() + e.offset, e.numel(), a.lr, a.beta1, a.beta2,
-                                      a.eps, e.decay ? a.weight_decay : 0.0f, 1, scale);
+                                      v.data() + e.offset, e.numel(), a.lr, a.beta1, a.beta2, a.eps,
+                                      e.decay ? a.weight_decay : 0.0f, 1, scale);
             }
         }
         EXPECT_NEAR(dev.adamw_step(a, step), norm, 1e-6 * norm);

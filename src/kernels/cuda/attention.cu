@@ -20,7 +20,7 @@ using detail::warp_sum;
 
 namespace {
 
-constexpr int kTile = 32;        // keys (or queries) per shared tile: one per lane
+constexpr int kTile = 32;  // keys (or queries) per shared tile: one per lane
 constexpr int kWarps = 8;
 constexpr int kRowsPerWarp = 4;  // kWarps * kRowsPerWarp = 32 rows per block
 constexpr int kDims = 4;         // HS <= 32 * kDims
@@ -283,8 +283,8 @@ Dims dims_of(int64_t T, int64_t NH, int64_t KVH, int64_t HS, const char* what) {
 template <typename Kernel>
 void allow_shared(Kernel k, size_t bytes) {
     if (bytes > 48 * 1024) {
-        APIARY_CUDA_CALL(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              int(bytes)));
+        APIARY_CUDA_CALL(
+            cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
     }
 }
 
@@ -307,8 +307,8 @@ void attention_backward(Stream s, float* dqkv, const float* dout, const float* q
                         int64_t KVH, int64_t HS, float* scratch) {
     const Dims dm = dims_of(T, NH, KVH, HS, "attention_backward: HS > 128 or NH % KVH != 0");
     const int64_t rows = B * T * NH;
-    attention_delta_k<<<unsigned((rows * 32 + 255) / 256), 256, 0, s>>>(scratch, dout, out, rows,
-                                                                          T, NH, HS);
+    attention_delta_k<<<unsigned((rows * 32 + 255) / 256), 256, 0, s>>>(scratch, dout, out, rows, T,
+                                                                        NH, HS);
     APIARY_CUDA_LAUNCHED("attention_backward (delta)");
     const size_t bytes = shared_bytes(HS, 2 * kRowsPerWarp);
     allow_shared(attention_backward_dq_k, bytes);

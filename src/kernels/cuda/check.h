@@ -14,16 +14,18 @@ void check_launch(const char* kernel, const char* file, int line);
 
 }  // namespace apiary::kernels::cuda::detail
 
-#define APIARY_CUDA_CALL(expr)                                                                 \
-    do {                                                                                       \
-        const int apiary_err_ = static_cast<int>(expr);                                        \
-        if (apiary_err_ != 0)                                                     \
+#define APIARY_CUDA_CALL(expr)                                                                    \
+    do {                                                                                          \
+        const int apiary_err_ = static_cast<int>(expr);                                           \
+        if (apiary_err_ != 0)                                                                     \
             ::apiary::kernels::cuda::detail::cuda_failed(apiary_err_, #expr, __FILE__, __LINE__); \
     } while (0)
-#define APIARY_CUBLAS_CALL(expr)                                                                 \
-    do {                                                                                         \
-        const int apiary_err_ = static_cast<int>(expr);                                          \
-        if (apiary_err_ != 0)                                                       \
-            ::apiary::kernels::cuda::detail::cublas_failed(apiary_err_, #expr, __FILE__, __LINE__); \
+#define APIARY_CUBLAS_CALL(expr)                                                         \
+    do {                                                                                 \
+        const int apiary_err_ = static_cast<int>(expr);                                  \
+        if (apiary_err_ != 0)                                                            \
+            ::apiary::kernels::cuda::detail::cublas_failed(apiary_err_, #expr, __FILE__, \
+                                                           __LINE__);                    \
     } while (0)
-#define APIARY_CUDA_LAUNCHED(name) ::apiary::kernels::cuda::detail::check_launch(name, __FILE__, __LINE__)
+#define APIARY_CUDA_LAUNCHED(name) \
+    ::apiary::kernels::cuda::detail::check_launch(name, __FILE__, __LINE__)

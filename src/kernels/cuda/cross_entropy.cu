@@ -62,8 +62,8 @@ int64_t lm_head_stats_bytes() { return int64_t(sizeof(Stats)); }
 
 double lm_head_cross_entropy(GemmContext& ctx, const float* h, const float* W,
                              const int32_t* targets, int64_t N, int64_t C, int64_t V,
-                             float grad_scale, float* dh, float* dW, int64_t* valid,
-                             float* scratch, int64_t scratch_floats, void* stats) {
+                             float grad_scale, float* dh, float* dW, int64_t* valid, float* scratch,
+                             int64_t scratch_floats, void* stats) {
     const int64_t rows = std::min(N, kRows);
     if (scratch_floats < rows * V) detail::unsupported("lm_head_cross_entropy: scratch too small");
     Stream s = ctx.stream();

@@ -55,8 +55,8 @@ void gemm(GemmContext& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, in
           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
           int64_t ldc);
 void gemm_bf16(GemmContext& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-               const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta,
-               float* C, int64_t ldc);
+               const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C,
+               int64_t ldc);
 // y (N, OUT) = x (N, IN) W^T (W (OUT, IN)) + bias (OUT, or null).
 void linear_forward(GemmContext& ctx, float* y, const float* x, const float* weight,
                     const float* bias, int64_t N, int64_t IN, int64_t OUT);
@@ -143,7 +143,7 @@ int64_t lm_head_scratch_floats(int64_t N, int64_t V);
 int64_t lm_head_stats_bytes();
 double lm_head_cross_entropy(GemmContext& ctx, const float* h, const float* W,
                              const int32_t* targets, int64_t N, int64_t C, int64_t V,
-                             float grad_scale, float* dh, float* dW, int64_t* valid,
-                             float* scratch, int64_t scratch_floats, void* stats);
+                             float grad_scale, float* dh, float* dW, int64_t* valid, float* scratch,
+                             int64_t scratch_floats, void* stats);
 
 }  // namespace apiary::kernels::cuda

@@ -68,7 +68,8 @@ __global__ void layernorm_forward_k(float* out, float* mean, float* rstd, const 
     }
     const float r = rsqrtf(block_sum(v, shared) / float(C) + eps);
     float* o = out + row * C;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) o[c] = (xi[c] - m) * r * weight[c] + bias[c];
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+        o[c] = (xi[c] - m) * r * weight[c] + bias[c];
     if (threadIdx.x == 0) {
         mean[row] = m;
         rstd[row] = r;
@@ -151,10 +152,11 @@ __global__ void rmsnorm_backward_dx_k(float* dx, const float* dout, const float*
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) sgx += di[c] * weight[c] * xi[c];
     const float k = block_sum(sgx, shared) * r * r * r / float(C);
     float* dxi = dx + row * C;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dxi[c] += di[c] * weight[c] * r - xi[c] * k;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+        dxi[c] += di[c] * weight[c] * r - xi[c] * k;
 }
 
-#define APIARY_GRID_STRIDE(i, n)                                                   \
+#define APIARY_GRID_STRIDE(i, n)                                              \
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); \
          i += int64_t(gridDim.x) * blockDim.x)
 
@@ -266,12 +268,12 @@ struct AdamW {
     float beta1, beta2, eps, step, inv_sqrt_bc2, decay, grad_scale;
 };
 
-AdamW adamw_constants(float lr, float beta1, float beta2, float eps, float weight_decay,
-                      int64_t t, float grad_scale) {
+AdamW adamw_constants(float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t,
+                      float grad_scale) {
     // As kernels/cpu/optim.cc: bias corrections in double, then float.
     const float bc1 = 1.0f - float(std::pow(double(beta1), double(t)));
     const float bc2 = 1.0f - float(std::pow(double(beta2), double(t)));
-    return {beta1, beta2, eps, lr / bc1, 1.0f / std::sqrt(bc2), 1.0f - lr * weight_decay,
+    return {beta1,     beta2, eps, lr / bc1, 1.0f / std::sqrt(bc2), 1.0f - lr * weight_decay,
             grad_scale};
 }
 
@@ -293,7 +295,8 @@ __global__ void adamw_k(AdamW k, float* param, uint16_t* param_bf16, const float
 
 void embedding_forward(Stream s, float* out, const int32_t* tokens, const float* wte,
                        const float* wpe, int64_t B, int64_t T, int64_t C) {
-    embedding_forward_k<<<grid_for(B * T * C), kThreads, 0, s>>>(out, tokens, wte, wpe, B * T, T, C);
+    embedding_forward_k<<<grid_for(B * T * C), kThreads, 0, s>>>(out, tokens, wte, wpe, B * T, T,
+                                                                 C);
     APIARY_CUDA_LAUNCHED("embedding_forward");
 }
 
@@ -321,7 +324,7 @@ void layernorm_backward(Stream s, float* dx, float* dweight, float* dbias, const
     layernorm_backward_dx_k<<<unsigned(N), kThreads, 0, s>>>(dx, dout, x, weight, mean, rstd, C);
     APIARY_CUDA_LAUNCHED("layernorm_backward");
     norm_backward_dw_k<<<column_grid(C, N, 128), 128, 0, s>>>(dweight, dbias, dout, x, mean, rstd,
-                                                               N, C);
+                                                              N, C);
     APIARY_CUDA_LAUNCHED("layernorm_backward (weights)");
 }
 
@@ -338,7 +341,7 @@ void rmsnorm_backward(Stream s, float* dx, float* dweight, const float* dout, co
     rmsnorm_backward_dx_k<<<unsigned(N), kThreads, 0, s>>>(dx, dout, x, weight, rstd, C);
     APIARY_CUDA_LAUNCHED("rmsnorm_backward");
     norm_backward_dw_k<<<column_grid(C, N, 128), 128, 0, s>>>(dweight, nullptr, dout, x, nullptr,
-                                                               rstd, N, C);
+                                                              rstd, N, C);
     APIARY_CUDA_LAUNCHED("rmsnorm_backward (weights)");
 }
 
@@ -423,8 +426,8 @@ bool has_nonfinite(Stream s, const float* x, int64_t n, int* flag) {
 void adamw_update(Stream s, float* param, const float* grad, float* m, float* v, int64_t n,
                   float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t,
                   float grad_scale) {
-    adamw_update_bf16_copy(s, param, nullptr, grad, m, v, n, lr, beta1, beta2, eps, weight_decay,
-                           t, grad_scale);
+    adamw_update_bf16_copy(s, param, nullptr, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, t,
+                           grad_scale);
 }
 
 void adamw_update_bf16_copy(Stream s, float* param, uint16_t* param_bf16, const float* grad,

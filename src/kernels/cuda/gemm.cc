@@ -9,8 +9,8 @@
 
 #include <cstdint>
 #include <map>
-#include <utility>
 #include <tuple>
+#include <utility>
 
 #include "core/error.h"
 #include "kernels/cuda/check.h"
@@ -56,20 +56,19 @@ struct GemmContext::Impl {
     const Plan& plan(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
                      int64_t ldc, GemmType ab, GemmType c_type, uint32_t align_a, uint32_t align_b,
                      uint32_t align_c) {
-        const PlanKey key{ta,       tb,   M,       N,       K,      lda,    ldb,
-                          ldc,      int(ab), int(c_type), tf32, align_a, align_b, align_c};
+        const PlanKey key{ta,  tb,      M,           N,    K,       lda,     ldb,
+                          ldc, int(ab), int(c_type), tf32, align_a, align_b, align_c};
         if (auto it = plans.find(key); it != plans.end()) return it->second;
         Plan p;
-        const cublasComputeType_t compute = (ab == GemmType::f32 && tf32)
-                                                ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                                : CUBLAS_COMPUTE_32F;
+        const cublasComputeType_t compute =
+            (ab == GemmType::f32 && tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
         APIARY_CUBLAS_CALL(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
         const cublasOperation_t opx = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
         const cublasOperation_t opy = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-        APIARY_CUBLAS_CALL(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opx,
-                                                          sizeof(opx)));
-        APIARY_CUBLAS_CALL(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opy,
-                                                          sizeof(opy)));
+        APIARY_CUBLAS_CALL(
+            cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opx, sizeof(opx)));
+        APIARY_CUBLAS_CALL(
+            cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opy, sizeof(opy)));
         // Stored (column-major) shapes: X = our B, Y = our A, C^T (N, M).
         APIARY_CUBLAS_CALL(cublasLtMatrixLayoutCreate(&p.x, cuda_type(ab), uint64_t(tb ? K : N),
                                                       uint64_t(tb ? N : K), ldb));
@@ -79,9 +78,9 @@ struct GemmContext::Impl {
             cublasLtMatrixLayoutCreate(&p.c, cuda_type(c_type), uint64_t(N), uint64_t(M), ldc));
         cublasLtMatmulPreference_t pref = nullptr;
         APIARY_CUBLAS_CALL(cublasLtMatmulPreferenceCreate(&pref));
-        APIARY_CUBLAS_CALL(cublasLtMatmulPreferenceSetAttribute(
-            pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
-            sizeof(workspace_bytes)));
+        APIARY_CUBLAS_CALL(
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                 &workspace_bytes, sizeof(workspace_bytes)));
         // cuBLASLt's A is our B, its B our A.
         const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
             {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_b},
@@ -151,8 +150,8 @@ void gemm(GemmContext& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, in
 }
 
 void gemm_bf16(GemmContext& ctx, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
-               const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta,
-               float* C, int64_t ldc) {
+               const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb, float beta, float* C,
+               int64_t ldc) {
     gemm_ex(ctx, trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc, GemmType::bf16,
             GemmType::f32);
 }

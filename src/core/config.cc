@@ -426,6 +426,10 @@ void add_shared_keys(Schema& s) {
     s.add_string("train.precision", "fp32",
                  "compute precision: fp32, bf16 or fp16 (fp8: planner only)",
                  {"fp32", "bf16", "fp16", "fp8"});
+    s.add_string("train.device", "cpu",
+                 "where the step computes: cpu, or cuda (needs a CUDA build and a GPU; the "
+                 "trainer's GPU step is not wired yet, see docs/gpu.md)",
+                 {"cpu", "cuda"});
 
     s.add_int("parallel.dp", 0, "data-parallel ranks (0: world size / (tp * pp))", 0, 1 << 24);
     s.add_int("parallel.tp", 1, "tensor-parallel ranks", 1, 1 << 16);

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/model_spec.h"
+#include "device/device.h"
 #include "parallel/layout.h"
 
 namespace apiary::train {
@@ -142,11 +143,25 @@ void check_moe_layout(const core::Config& c, const core::ModelSpec& spec) {
     }
 }
 
+// train.device = cuda: the build and the machine first (what is missing, by
+// name), then the part not built yet. Runs before any run directory exists.
+void check_device(const core::Config& c) {
+    const auto kind = device::parse_device(c.get_string("train.device"), "train.device");
+    device::require_device(kind, "train.device");
+    if (kind == device::DeviceKind::cuda) {
+        throw ConfigError(
+            "train.device = 'cuda': this build has the CUDA kernels, cuBLASLt GEMMs and the NCCL "
+            "process group (scripts/device-check.sh checks them on a GPU), but the trainer's step "
+            "does not run on the GPU yet (docs/gpu.md); set train.device = 'cpu'");
+    }
+}
+
 }  // namespace
 
 // The layout is checked against the model (parallel_layout_from) once the
 // vocabulary is known.
 void validate_config(const core::Config& c, int world_size) {
+    check_device(c);
     // Keys the planner models but the trainer cannot train (yet). Expert
     // parallelism (parallel.ep) is checked with the layout.
     if (c.get_int("parallel.cp") != 1) {

@@ -109,6 +109,15 @@ TEST_F(CliErrors, ExistingRunIsNotOverwritten) {
     EXPECT_EQ(s, "keep");
 }
 
+// Here (no GPU, or a build without CUDA) and on a GPU alike, train.device =
+// cuda is refused by name before the run directory is made.
+TEST_F(CliErrors, DeviceCudaRefusedBeforeTheRunDirectory) {
+    const auto r = train("--set train.device=cuda");
+    expect_error(r, "train.device = 'cuda'");
+    EXPECT_FALSE(fs::exists(dir_ / "run")) << r.output;
+    expect_error(train("--set train.device=tpu"), "train.device");
+}
+
 TEST_F(CliErrors, GenerateWithoutCheckpoint) {
     expect_error(run_command(apiary_bin() + " generate --run " + (dir_ / "none").string()),
                  "no such run directory");

@@ -57,6 +57,7 @@ struct Options {
     long long user_max_jobs = -1;
     int bf_max_job_user = 0;
     int nodes_per_leaf = 0;
+    double bf_min_age_reserve_h = -1;
     double fit_fraction = 0.5;  // sim fit
 };
 
@@ -194,6 +195,9 @@ sim::SimConfig sim_config(const Options& o, const plan::Cluster& pc, const sim::
     if (o.user_max_jobs >= 0) c.limits.user["*"].max_jobs = o.user_max_jobs;
     c.bf_max_job_test = o.bf_max_job_test;
     c.nodes_per_leaf = o.nodes_per_leaf;
+    c.bf_min_age_reserve_s = o.bf_min_age_reserve_h >= 0
+                                 ? o.bf_min_age_reserve_h * 3600
+                                 : std::max(0.0, slurm.bf_min_age_reserve_s);
     c.bf_max_job_user = o.bf_max_job_user > 0 ? o.bf_max_job_user : int(slurm.bf_max_job_user);
     if (o.bf_window_min > 0) {
         c.bf_window_s = o.bf_window_min * 60;
@@ -758,6 +762,10 @@ void add_sim_cluster(CLI::App* sim) {
                     "nodes under one leaf switch (consecutive nodes): a job of whole nodes goes "
                     "inside one leaf when one has room (0: no placement, the default)")
         ->check(CLI::Range(0, 100000000));
+    cmd->add_option("--bf-min-age-reserve-hours", o.bf_min_age_reserve_h,
+                    "backfill: a job gets a reservation only once it has waited this long (0, "
+                    "the default, or slurm.conf's bf_min_age_reserve)")
+        ->check(CLI::Range(0.0, 1e6));
     cmd->add_option("--bf-max-job-user", o.bf_max_job_user,
                     "backfill: jobs of one user tested per pass (0: no limit, the default; or "
                     "slurm.conf's bf_max_job_user)")

@@ -97,6 +97,10 @@ struct SimConfig {
     // jobs of one user per pass (0: no limit); jobs started in order by the
     // main scheduler do not count.
     int bf_max_job_user = 0;
+    // SchedulerParameters bf_min_age_reserve: a job that cannot start gets
+    // no reservation (and holds nothing back) until it has been eligible
+    // this long (0: at once).
+    double bf_min_age_reserve_s = 0;
     // Nodes under one leaf switch (consecutive node ids; 0: no topology): a
     // job of whole nodes is placed inside one leaf when one has room.
     int nodes_per_leaf = 0;

@@ -424,8 +424,10 @@ void EventLoop::pass_conservative(int pool) {
             ++tested[jobs_[j].spec.user] > cfg_.bf_max_job_user) {
             return true;
         }
+        const bool young = now_ - res_.jobs[j].eligible < cfg_.bf_min_age_reserve_s;
         if (need > pools_[pool].free()) {  // cannot start now: it may reserve
             in_order = false;
+            if (young) return true;
             if (reserved < cfg_.bf_max_job_test) {
                 unplanned.push_back(j);
                 ++reserved;
@@ -439,7 +441,7 @@ void EventLoop::pass_conservative(int pool) {
             p.take(need, now_, now_ + dur);
             return true;
         }
-        if (reserved >= cfg_.bf_max_job_test) return pools_[pool].free() > 0;
+        if (reserved >= cfg_.bf_max_job_test || young) return pools_[pool].free() > 0;
         const double at = p.earliest(need, dur);
         if (at <= now_) {
             try_start(j);
@@ -498,6 +500,9 @@ bool EventLoop::pass() {
                 try_start(j);
                 preempted = true;
                 return true;
+            }
+            if (policy_.backfill && now_ - res_.jobs[j].eligible < cfg_.bf_min_age_reserve_s) {
+                return true;  // too young for a reservation: later jobs may pass it
             }
             blocked = true;  // the first job that cannot start: it blocks, or reserves
             if (!policy_.backfill) return false;

@@ -21,11 +21,12 @@ long long hostlist_count(const std::string& hostlist, const std::string& where);
 struct SlurmConf {
     std::string scheduler = "sched/backfill";  // SchedulerType (Slurm's default)
     long long nodes = 0;
-    long long cpus_per_node = 0;    // of the first NodeName line
-    long long gpus_per_node = 0;    // Gres=gpu:N
-    long long bf_max_job_test = 0;  // 0: not set
-    long long bf_max_job_user = 0;  // 0: not set
-    double bf_window_s = -1;        // SchedulerParameters bf_window (minutes there); < 0: not set
+    long long cpus_per_node = 0;       // of the first NodeName line
+    long long gpus_per_node = 0;       // Gres=gpu:N
+    long long bf_max_job_test = 0;     // 0: not set
+    long long bf_max_job_user = 0;     // 0: not set
+    double bf_min_age_reserve_s = -1;  // < 0: not set
+    double bf_window_s = -1;  // SchedulerParameters bf_window (minutes there); < 0: not set
     // Multifactor priority (< 0: not set, the simulator's default applies).
     std::string priority_type = "priority/basic";  // PriorityType (Slurm's default)
     double weight_age = -1, weight_size = -1, weight_fairshare = -1;  // PriorityWeight*

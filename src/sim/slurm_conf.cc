@@ -113,6 +113,15 @@ SlurmConf parse_slurm_conf(const std::string& text, const std::string& source, b
                     c.bf_max_job_test = std::atoll(p.c_str() + 16);
                 if (p.rfind("bf_max_job_user=", 0) == 0)
                     c.bf_max_job_user = std::atoll(p.c_str() + 16);
+                if (p.rfind("bf_min_age_reserve=", 0) == 0) {
+                    double v = 0;
+                    if (!parse_double(p.substr(19), &v) || v < 0) {
+                        throw ConfigError(fmt::format(
+                            "{}: SchedulerParameters bf_min_age_reserve={} is not seconds >= 0",
+                            where, printable(p.substr(19))));
+                    }
+                    c.bf_min_age_reserve_s = v;
+                }
                 if (p.rfind("bf_window=", 0) == 0) {
                     double m = 0;
                     if (!parse_double(p.substr(10), &m) || m <= 0) {

@@ -201,6 +201,38 @@ TEST(SimFit, BackfillTestsAtMostBfMaxJobUserJobsOfAUser) {
         3);
 }
 
+// bf_min_age_reserve: a 4-device job H waiting behind a 3-device run
+// reserves the whole cluster at t = 100 and keeps a long 1-device job S out
+// of the free device; while H is younger than the threshold it reserves
+// nothing, S starts at once, and H waits for S (EASY and two reservations).
+TEST(SimFit, NoReservationBeforeBfMinAgeReserve) {
+    std::vector<SimJob> jobs = {test::job("A", 0, 3, 100), test::job("H", 1, 4, 10),
+                                test::job("S", 2, 1, 200)};
+    for (int depth : {1, 2}) {
+        SimConfig c = test::cluster(4, 1);
+        c.bf_max_job_test = depth;
+        SimResult r = simulate(jobs, c, parse_policy("backfill"));
+        EXPECT_DOUBLE_EQ(r.jobs[1].start, 100) << depth;
+        EXPECT_DOUBLE_EQ(r.jobs[2].start, 110) << depth;
+        c.bf_min_age_reserve_s = 1000;
+        r = simulate(jobs, c, parse_policy("backfill"));
+        EXPECT_DOUBLE_EQ(r.jobs[2].start, 2) << depth;
+        EXPECT_DOUBLE_EQ(r.jobs[1].start, 202) << depth;
+        c.bf_min_age_reserve_s = 50;  // H was 1 s old when S came: S still goes first
+        r = simulate(jobs, c, parse_policy("backfill"));
+        EXPECT_DOUBLE_EQ(r.jobs[2].start, 2) << depth;
+    }
+    EXPECT_DOUBLE_EQ(
+        parse_slurm_conf("SchedulerParameters=bf_min_age_reserve=600\n", "s.conf", false)
+            .bf_min_age_reserve_s,
+        600);
+    EXPECT_NE(test::error_of([] {
+                  parse_slurm_conf("SchedulerParameters=bf_min_age_reserve=soon\n", "s.conf",
+                                   false);
+              }).find("bf_min_age_reserve=soon is not seconds >= 0"),
+              std::string::npos);
+}
+
 // PriorityFavorSmall: a 1-device job queued behind a 3-device one (both
 // waiting for the 4 devices a running job holds) goes first only when
 // small jobs are favoured; slurm.conf sets it.

@@ -549,6 +549,7 @@ cmd_mpirun() {
         --mca plm_rsh_agent "$here/rsh-agent.sh" \
         --mca btl tcp,self,vader \
         --mca btl_tcp_if_include "$subnet.0/24" \
+        --mca btl_tcp_links 2 \
         --mca oob_tcp_if_include "$subnet.0/24" \
         "$@"
 }

@@ -1,9 +1,12 @@
 """PyTorch peer for `apiary bench train`: the same GPT-2 / LLaMA shapes, the same
 step (forward, backward, AdamW) on random tokens, in fp32 or under bf16 autocast
 (PyTorch's own mixed precision on CPU: matmuls in bf16 through oneDNN, fp32
-master weights and optimizer). Prints one JSON object.
+master weights and optimizer). Prints one JSON object. With --device cuda the
+same eager step runs on the GPU (scripts/device-check.sh's peer), timed with
+the device synchronised at the end of each step.
 
 usage: bench_torch.py --preset gpt2-124m --batch 4 --seq 256 --threads 2 --steps 5 [--precision bf16]
+       [--device cuda]
 """
 import argparse
 import json
@@ -60,7 +63,8 @@ class Block(nn.Module):
             k = k.repeat_interleave(self.NH // self.KVH, dim=1)
             v = v.repeat_interleave(self.NH // self.KVH, dim=1)
         att = (q @ k.transpose(-2, -1)) / math.sqrt(hs)
-        att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+        att = att.masked_fill(mask, float("-inf"))
         y = (att.softmax(-1) @ v).transpose(1, 2).reshape(B, T, C)
         x = x + self.proj(y)
         h = self.norm(self.n2, x)
@@ -87,7 +91,7 @@ class Model(nn.Module):
         T = idx.shape[1]
         x = self.wte(idx)
         if self.wpe is not None:
-            x = x + self.wpe(torch.arange(T))
+            x = x + self.wpe(torch.arange(T, device=idx.device))
         for b in self.blocks:
             x = b(x)
         logits = self.head(self.nf(x))
@@ -103,29 +107,34 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     p = PRESETS[a.preset]
-    model = Model(*p)
+    model = Model(*p).to(a.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
     V = p[6]
-    idx = torch.randint(0, V, (a.batch, a.seq))
-    tgt = torch.randint(0, V, (a.batch, a.seq))
+    idx = torch.randint(0, V, (a.batch, a.seq)).to(a.device)
+    tgt = torch.randint(0, V, (a.batch, a.seq)).to(a.device)
     times = []
     for s in range(a.warmup + a.steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+        with torch.autocast(a.device, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
             loss = model(idx, tgt)
         loss.backward()
         opt.step()
+        if a.device == "cuda":
+            torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         if s >= a.warmup:
             times.append(dt)
     step = statistics.median(times)
     print(json.dumps({"peer": f"pytorch {torch.__version__}", "preset": a.preset,
-                      "precision": a.precision, "batch": a.batch, "seq": a.seq, "threads": a.threads,
+                      "precision": a.precision, "device": a.device,
+                      "gpu": torch.cuda.get_device_name(0) if a.device == "cuda" else "",
+                      "params": sum(q.numel() for q in model.parameters()), "batch": a.batch, "seq": a.seq, "threads": a.threads,
                       "step_time_s": step, "tokens_per_s": a.batch * a.seq / step,
                       "final_loss": loss.item()}))
 

@@ -570,6 +570,19 @@ mpirun) cmd_mpirun "$@" ;;
 hostfile) echo "$state/hostfile" ;;
 status) cmd_status ;;
 _apply) apply_link "$1" ;;
-_link) read_host "$(host_index "$1")" && echo "$link" ;;
+_link)
+    # down while recorded so or while the link is not yet up in fact (`link
+    # HOST up` records first, then applies)
+    i=$(host_index "$1")
+    read_host "$i"
+    # (the host's end, seen through its namespace from wherever this runs:
+    # UP only while the bridge's end is up too)
+    if [ "$link" = up ] && ip -n "$(netns_of "$i")" -o link show "$(inner_of "$i")" 2>/dev/null |
+        grep -q "state UP"; then
+        echo up
+    else
+        echo down
+    fi
+    ;;
 *) die "unknown command '$verb'; use up, down, exec, link, crash, cpu, mpirun, hostfile or status" ;;
 esac

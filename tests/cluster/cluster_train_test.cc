@@ -486,13 +486,19 @@ TEST_F(ClusterTraining, PartitionDuringASaveLeavesNoTornCheckpointAndTheRunResum
     }
     ASSERT_FALSE(torn.empty()) << "no save was cut by the partition";
     const int torn_step = std::stoi(torn.filename().string().substr(5));
-    const auto t_down = std::chrono::steady_clock::now();
-    // The link stays down past comm.timeout_s until the job has ended and
-    // the launch restarts it (a bound to give up by, far past the timeout).
+    const auto t_down = std::chrono::steady_clock::now() - std::chrono::seconds(3);
+    const auto down_for = [&] {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_down).count();
+    };
+    // The link stays down until the job has ended and the launch restarts
+    // it, and for longer than comm.timeout_s (bounds to give up by, far
+    // past the timeout). The restart's daemon on h2 waits for the link, as
+    // ssh waits to connect (rsh-agent.sh).
     ASSERT_TRUE(wait_until([&] { return job.output().find(restart) != std::string::npos; }, 600))
         << job.output();
-    const double down_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_down).count() + 3;
+    const double ended_s = down_for();
+    ASSERT_TRUE(wait_until([&] { return down_for() > timeout_s + 2; }, 60));
+    const double down_s = down_for();
     // The cut save: shards of some ranks, no manifest, and never picked.
     EXPECT_FALSE(has_file(torn / "manifest.json"));
     auto r = run_command(apiary_bin() + " ckpt verify " + torn.string());
@@ -529,6 +535,6 @@ TEST_F(ClusterTraining, PartitionDuringASaveLeavesNoTornCheckpointAndTheRunResum
     EXPECT_EQ(r.exit_code, 0) << r.output;
     EXPECT_TRUE(has_file(torn / "manifest.json")) << "the resumed run saved step " << torn_step;
     const size_t at = out.find("apiary launch: the job exited");
-    std::printf("  link down %.0f s (comm.timeout_s = %d); %s\n", down_s, timeout_s,
-                out.substr(at, out.find('\n', at) - at).c_str());
+    std::printf("  link down %.0f s (comm.timeout_s = %d), the job ended after %.0f s; %s\n",
+                down_s, timeout_s, ended_s, out.substr(at, out.find('\n', at) - at).c_str());
 }

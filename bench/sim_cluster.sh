@@ -8,10 +8,9 @@
 #  3. replays of the public SWF logs in $TRACES (default ../shared/traces):
 #     on ALCF Theta 2023, the second half's mean and p90 wait, simulated over
 #     recorded, and the job-by-job Spearman correlation of waits (the first
-#     half warms the queue up) for FIFO, EASY, multifactor and WFP, then settings
-#     (policy, multifactor weights, reservation depth, capacity) chosen on
-#     the first half alone
-#     and carried to the second;
+#     half warms the queue up) for FIFO, EASY, multifactor and WFP, then
+#     `apiary sim fit` (settings chosen on the first half alone and carried to
+#     the second), without and with --infer-users 10;
 #  4. time per policy (fifo, backfill, multifactor, backfill with 50
 #     reservations) on a 100,000-job synthetic log.
 #   bench/sim_cluster.sh [build dir] [out dir]
@@ -43,65 +42,54 @@ echo "== machine: $(lscpu | sed -n 's/^Model name: *//p'), load $(cut -d' ' -f1 
 replay_part() {
 theta="$TRACES/theta_2023.swf.gz"
 echo "== replay: $theta, waits of the second half (first half: warm-up)"
-# The first half of the log alone (submissions before the middle of its span),
-# to choose settings on.
-zcat "$theta" | awk '/^;/ {print; next} {print > "/dev/stderr"}' 2>"$out/jobs.swf" >"$out/head.swf"
-read -r lo hi < <(awk '{ if (min == "" || $2 < min) min = $2; if ($2 > max) max = $2 } END {print min, max}' "$out/jobs.swf")
-{ cat "$out/head.swf"; awk -v mid="$(( (lo + hi) / 2 ))" '$2 < mid' "$out/jobs.swf"; } >"$out/first_half.swf"
-python3 - "$apiary" "$theta" "$out/first_half.swf" <<'PY'
-import json, math, subprocess, sys, time
-apiary, full, first = sys.argv[1:4]
-def run(trace, policy, extra=()):
-    cmd = [apiary, "sim", "cluster", "--trace", trace, "--policies", policy,
+python3 - "$apiary" "$theta" "$out" <<'PY'
+import json, subprocess, sys, time
+apiary, full, out = sys.argv[1:4]
+def run(policy, extra=()):
+    cmd = [apiary, "sim", "cluster", "--trace", full, "--policies", policy,
            "--warmup-fraction", "0.5", "--json", *extra]
-    t = time.time()
     j = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     r = j["replay"][policy]
     return {"mean": r["mean_wait_s"] / r["recorded_mean_wait_s"],
             "p90": r["p90_wait_s"] / r["recorded_p90_wait_s"], "rho": r["spearman_wait"],
             "n": r["waits_compared"], "rec_mean_h": r["recorded_mean_wait_s"] / 3600,
-            "rec_p90_h": r["recorded_p90_wait_s"] / 3600, "wall": time.time() - t}
-def score(m):  # 0 when mean and p90 equal the record's and the ranks agree
-    return abs(math.log(m["mean"])) + abs(math.log(m["p90"])) + (1 - m["rho"])
+            "rec_p90_h": r["recorded_p90_wait_s"] / 3600}
+def ok(mean, p90, rho):
+    return "yes" if abs(mean - 1) <= 0.25 and abs(p90 - 1) <= 0.25 and rho >= 0.5 else "no"
 def row(name, m):
-    ok = abs(m["mean"] - 1) <= 0.25 and abs(m["p90"] - 1) <= 0.25 and m["rho"] >= 0.5
-    print(f"| {name} | {m['mean']:.2f} | {m['p90']:.2f} | {m['rho']:.3f} | {'yes' if ok else 'no'} |")
-base = run(full, "fifo")
+    print(f"| {name} | {m['mean']:.2f} | {m['p90']:.2f} | {m['rho']:.3f} | {ok(m['mean'], m['p90'], m['rho'])} |")
+base = run("fifo")
 print(f"second half: {base['n']} jobs with recorded waits; recorded mean {base['rec_mean_h']:.1f} h, "
       f"p90 {base['rec_p90_h']:.1f} h")
 print("| setting | mean wait sim/rec | p90 wait sim/rec | Spearman | all three targets |")
 print("|---|---|---|---|---|")
 row("fifo", base)
-row("backfill (EASY)", run(full, "backfill"))
-row("multifactor (age, size, fair share 1000 each; EASY)", run(full, "multifactor"))
-row("wfp (Cobalt's utility; EASY)", run(full, "wfp"))
-grid = []
-weights = {"backfill": [None], "wfp": [None],
-           "multifactor": [None, "age=5000,size=1000,fairshare=1000",
-                           "age=1000,size=5000,fairshare=1000"]}
-for policy in ("backfill", "multifactor", "wfp"):
-    for w in weights[policy]:
-        for depth in (1, 10, 50, 200):
-            for cap in ((), ("--capacity", "implied")):
-                extra = ("--bf-max-job-test", str(depth), *cap)
-                name = f"{policy}, --bf-max-job-test {depth}" + (", --capacity implied" if cap else "")
-                if w:
-                    extra += ("--priority-weights", w)
-                    name += f", --priority-weights {w}"
-                grid.append((name, policy, extra))
-fits = []
-for name, policy, extra in grid:
-    m = run(first, policy, extra)
-    fits.append((score(m), name, policy, extra, m))
-fits.sort(key=lambda f: f[0])
-print("\nchosen on the first half (its second quarter scored, the first warming up), best 3:")
-for s, name, policy, extra, m in fits[:3]:
-    print(f"  {name}: first half mean {m['mean']:.2f}, p90 {m['p90']:.2f}, Spearman {m['rho']:.3f} (score {s:.3f})")
-print("\ncarried to the second half:")
-print("| setting (chosen on the first half) | mean wait sim/rec | p90 wait sim/rec | Spearman | all three targets |")
-print("|---|---|---|---|---|")
-for s, name, policy, extra, m in fits[:3]:
-    row(name, run(full, policy, extra))
+row("backfill (EASY)", run("backfill"))
+row("multifactor (age, size, fair share 1000 each; EASY)", run("multifactor"))
+row("wfp (Cobalt's utility; EASY)", run("wfp"))
+# apiary sim fit: settings searched on the first half alone, carried to the second.
+def h(s): return f"{s / 3600:.1f} h"
+for extra in ((), ("--infer-users", "10")):
+    cmd = [apiary, "sim", "fit", "--trace", full, "--json", *extra]
+    t = time.time()
+    j = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    f = j["fit"]
+    tried = sorted(f["tried"], key=lambda x: x["score"])
+    print(f"\n`apiary sim fit --trace theta_2023.swf.gz {' '.join(extra)}`: {len(tried)} settings, "
+          f"search {f['search_s']:.0f} s, whole command {time.time() - t:.0f} s")
+    for x in tried[:3]:
+        w = x["waits"]
+        print(f"  first half (score {x['score']:.3f}): mean {w['mean_wait_s'] / w['recorded_mean_wait_s']:.2f}, "
+              f"p90 {w['p90_wait_s'] / w['recorded_p90_wait_s']:.2f}, Spearman {w['spearman_wait']:.3f}: {x['setting']}")
+    print(f"chosen: {f['chosen']}")
+    print("| jobs submitted in the second half | jobs | mean sim / rec | ratio | p50 sim / rec | p90 sim / rec | ratio | Spearman |")
+    print("|---|---|---|---|---|---|---|---|")
+    for w in j["rest"]:
+        g = w["group"]
+        rm, rp = w["recorded_mean_wait_s"], w["recorded_p90_wait_s"]
+        print(f"| {g} | {w['jobs']} | {h(w['mean_wait_s'])} / {h(rm)} | {w['mean_wait_s'] / rm if rm else 0:.2f} | "
+              f"{h(w['p50_wait_s'])} / {h(w['recorded_p50_wait_s'])} | {h(w['p90_wait_s'])} / {h(rp)} | "
+              f"{w['p90_wait_s'] / rp if rp else 0:.2f} | {w['spearman_wait']:.3f} |")
 PY
 nasa="$TRACES/NASA-iPSC-1993-3.1-cln.swf.gz"
 echo "== $nasa (no recorded waits: simulated only)"

@@ -1,5 +1,7 @@
 #include "cli/bench_common.h"
 
+#include <mpi.h>
+
 #include "cli/command.h"
 #include "core/rng.h"
 
@@ -20,6 +22,17 @@ MpiWorld start_mpi_world(const comm::CommOptions& options) {
     w.world = w.session->world().get();
     set_abort_hook([](int code) { comm::abort_mpi(code); });
     return w;
+}
+
+int ranks_per_host() {
+    if (!comm::launched_by_mpi()) return 1;
+    MPI_Comm local;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+    int n = 1, most = 1;
+    MPI_Comm_size(local, &n);
+    MPI_Comm_free(&local);
+    MPI_Allreduce(&n, &most, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    return most;
 }
 
 }  // namespace apiary::cli

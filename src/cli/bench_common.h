@@ -28,4 +28,8 @@ struct MpiWorld {
 // otherwise returns one rank, no session.
 MpiWorld start_mpi_world(const comm::CommOptions& options);
 
+// The most ranks of this MPI job on one host (MPI_COMM_TYPE_SHARED), the
+// same on every rank; 1 when not launched by MPI.
+int ranks_per_host();
+
 }  // namespace apiary::cli

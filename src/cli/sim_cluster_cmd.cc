@@ -6,14 +6,19 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <filesystem>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "cli/sim_cmd.h"
 #include "core/error.h"
+#include "core/timing.h"
 #include "plan/planner.h"
 #include "sim/cluster_sim.h"
+#include "sim/fit.h"
 #include "sim/pictures.h"
 #include "sim/report.h"
 #include "sim/slurm.h"
@@ -47,6 +52,12 @@ struct Options {
     std::string limits;
     int bf_max_job_test = 1;
     double bf_window_min = -1;
+    bool favor_small = false;
+    double infer_users_min = 0;  // 0: users as the log names them
+    long long user_max_jobs = -1;
+    int bf_max_job_user = 0;
+    int nodes_per_leaf = 0;
+    double fit_fraction = 0.5;  // sim fit
 };
 
 // --priority-weights age=1000,size=500,fairshare=2000 onto the config.
@@ -172,6 +183,7 @@ sim::SimConfig sim_config(const Options& o, const plan::Cluster& pc, const sim::
     if (slurm.weight_size >= 0) c.weight_size = slurm.weight_size;
     if (slurm.weight_fairshare >= 0) c.weight_fairshare = slurm.weight_fairshare;
     if (!o.priority_weights.empty()) parse_weights(o.priority_weights, c);
+    c.favor_small = o.favor_small || slurm.favor_small == 1;
     if (o.max_age_days >= 0) {
         c.priority_max_age_s = o.max_age_days * 86400;
     } else if (slurm.priority_max_age_s >= 0) {
@@ -179,7 +191,10 @@ sim::SimConfig sim_config(const Options& o, const plan::Cluster& pc, const sim::
     }
     c.shares = parse_shares(o.shares);
     if (!o.limits.empty()) c.limits = sim::read_limits(o.limits);
+    if (o.user_max_jobs >= 0) c.limits.user["*"].max_jobs = o.user_max_jobs;
     c.bf_max_job_test = o.bf_max_job_test;
+    c.nodes_per_leaf = o.nodes_per_leaf;
+    c.bf_max_job_user = o.bf_max_job_user > 0 ? o.bf_max_job_user : int(slurm.bf_max_job_user);
     if (o.bf_window_min > 0) {
         c.bf_window_s = o.bf_window_min * 60;
     } else if (slurm.bf_window_s > 0) {
@@ -202,6 +217,20 @@ std::vector<std::string> policy_list(const Options& o, const sim::SlurmConf& slu
     }
     if (replay) return {"backfill"};
     return {"fifo", "backfill", "twolevel"};
+}
+
+// The trace, with users inferred when asked (--infer-users).
+sim::Trace read_log(const Options& o, const sim::ReadOptions& ro) {
+    sim::Trace t = sim::read_trace(o.trace, sim::parse_trace_format(o.trace_format), ro);
+    if (o.infer_users_min > 0) {
+        const long long n = sim::infer_users(t, o.infer_users_min * 60);
+        t.notes.push_back(
+            n > 0 ? fmt::format("--infer-users: {} users inferred (jobs of one size and time limit "
+                                "submitted at most {:g} min apart are one user's)",
+                                n, o.infer_users_min)
+                  : "--infer-users: the log names its users; none inferred");
+    }
+    return t;
 }
 
 // Everything one `sim cluster` run produced, for its outputs.
@@ -280,8 +309,17 @@ void print_text(const Options& o, const Outcome& r) {
     }
     fmt::print("\n{}", sim::summary_table(r.sums));
     for (const auto& s : r.sums) {
-        fmt::print("{}: {} events in {:.3f} s ({:.3g} events/s){}\n", s.policy, s.events, s.wall_s,
-                   s.wall_s > 0 ? double(s.events) / s.wall_s : 0.0,
+        fmt::print("{}: {} events in {:.3f} s ({:.3g} events/s){}{}\n", s.policy, s.events,
+                   s.wall_s, s.wall_s > 0 ? double(s.events) / s.wall_s : 0.0,
+                   (r.c.per_node > 1
+                        ? fmt::format("; {:.4g} idle device-h on partly busy nodes "
+                                      "({:.1f}% of idle)",
+                                      s.fragmented_device_hours, 100 * s.fragmented_idle_share)
+                        : std::string()) +
+                       (r.c.nodes_per_leaf > 0
+                            ? fmt::format("; {} of {} runs that fit in a leaf spread over more",
+                                          s.leaf_split_runs, s.leaf_fit_runs)
+                            : std::string()),
                    s.node_failures + s.spot_reclaims > 0
                        ? fmt::format("; {} node failures, {} spot reclaims, {} preemptions",
                                      s.node_failures, s.spot_reclaims, s.preemptions)
@@ -371,7 +409,7 @@ void run(const Options& o) {
     sim::ReadOptions ro;
     ro.devices = sim::parse_slurm_devices(o.slurm_devices);
     ro.procs_per_node = o.procs_per_node;
-    r.trace = sim::read_trace(o.trace, sim::parse_trace_format(o.trace_format), ro);
+    r.trace = read_log(o, ro);
     sim::SlurmConf slurm;
     size_cluster(o, r.trace, cfg, &slurm);
     bool replay = false;
@@ -407,11 +445,230 @@ void run(const Options& o) {
     }
 }
 
-}  // namespace
+// ---- `apiary sim fit` ----
 
-void add_sim_cluster(CLI::App* sim) {
-    auto* cmd = sim->add_subcommand("cluster", "run a job trace under scheduling policies");
-    static Options o;
+// One row of the report: a group of jobs and their waits.
+struct FitRow {
+    std::string group;
+    sim::WaitStats waits;
+};
+
+struct FitOutcome {
+    sim::Trace trace;
+    sim::SimConfig c;
+    double fit_end = 0, warm_end = 0, search_s = 0;
+    std::vector<sim::FitTry> tried;  // in the grid's order
+    size_t best = 0;
+    std::vector<sim::SimJob> jobs;  // the whole log
+    sim::SimResult result;          // under the chosen setting
+    std::vector<FitRow> rows;       // "all", then by size, then by month
+};
+
+// The jobs submitted before `t` (a job waiting for one that is left out
+// waits for nothing).
+sim::Trace head_of(const sim::Trace& t, double before) {
+    sim::Trace h = t;
+    h.jobs.clear();
+    for (const auto& j : t.jobs) {
+        if (j.submit < before) h.jobs.push_back(j);
+    }
+    return h;
+}
+
+FitOutcome fit_log(const Options& o) {
+    core::Config cfg = resolve_sim_config(o.cluster);
+    Outcome r;
+    sim::ReadOptions ro;
+    ro.devices = sim::parse_slurm_devices(o.slurm_devices);
+    ro.procs_per_node = o.procs_per_node;
+    r.trace = read_log(o, ro);
+    bool recorded = false;
+    for (const auto& j : r.trace.jobs) recorded |= j.recorded_start >= 0;
+    if (!recorded) {
+        throw ConfigError(fmt::format(
+            "sim fit: {} records no starts (SWF wait -1, or no Start in Slurm's record): there "
+            "are no waits to fit to; `apiary sim cluster` still simulates it",
+            o.trace));
+    }
+    sim::SlurmConf slurm;
+    size_cluster(o, r.trace, cfg, &slurm);
+    r.pc = plan::cluster_from(cfg, cfg.get_int("cluster.gpus"));
+    sim::JobModel model(cfg, r.pc, o.ckpt_interval_s);
+    r.c = sim_config(o, r.pc, model, slurm);
+    r.c.record = false;
+    if (o.latency == "auto" && r.trace.slurm) r.c.latency_s = sim::record_latency_s(r.trace);
+    set_capacity(o, r);  // given capacity is kept; without, the grid tries the implied one
+    const std::vector<std::string> policies =
+        o.policies.empty() ? std::vector<std::string>{"fifo", "backfill", "multifactor", "wfp"}
+                           : sim::split(o.policies, ',');
+    for (const auto& p : policies) {
+        const sim::Policy parsed = sim::parse_policy(p);
+        if (parsed.preempt || parsed.carbon || parsed.order == sim::Order::priority ||
+            parsed.order == sim::Order::fairshare) {
+            throw ConfigError(fmt::format(
+                "sim fit --policies: '{}' has nothing to fit in a log (known here: fifo, "
+                "backfill, multifactor, multifactor-fifo, wfp)",
+                p));
+        }
+    }
+    FitOutcome f;
+    f.c = r.c;
+    double last = 0;
+    for (const auto& j : r.trace.jobs) last = std::max(last, j.submit);
+    f.fit_end = o.fit_fraction * last;
+    f.warm_end = f.fit_end / 2;
+    const sim::Trace head = head_of(r.trace, f.fit_end);
+    const auto head_jobs = sim::prepare_jobs(head, model, r.c);
+    std::set<std::string> users, accounts;
+    for (const auto& j : r.trace.jobs) users.insert(j.user), accounts.insert(j.account);
+    const bool fairshare = users.size() > 1 || accounts.size() > 1;
+    const auto grid = sim::fit_grid(policies, o.capacity.empty(), fairshare,
+                                    users.size() > 1 && o.limits.empty());
+    const auto t0 = core::Clock::now();
+    f.tried = sim::fit_search(head, head_jobs, r.c, grid, f.warm_end, &f.best);
+    f.search_s = core::seconds_since(t0);
+    // The chosen setting, unchanged, on the whole log.
+    const sim::Policy p = sim::apply_setting(f.tried[f.best].setting, r.trace, f.c);
+    f.jobs = sim::prepare_jobs(r.trace, model, f.c);
+    f.result = sim::simulate(f.jobs, f.c, p);
+    f.trace = std::move(r.trace);
+    const auto& jobs = f.jobs;
+    auto later = [&](size_t j) { return jobs[j].spec.submit >= f.fit_end; };
+    f.rows.push_back({"all", sim::wait_stats(jobs, f.result, later)});
+    auto groups = [&](const char* what, auto key_of) {
+        std::map<std::pair<double, std::string>, std::vector<size_t>> by;
+        for (size_t j = 0; j < jobs.size(); ++j) by[key_of(j)].push_back(j);
+        for (const auto& [key, members] : by) {
+            std::vector<char> in(jobs.size(), 0);
+            for (size_t j : members) in[j] = 1;
+            const auto w =
+                sim::wait_stats(jobs, f.result, [&](size_t j) { return in[j] && later(j); });
+            if (w.n > 0) f.rows.push_back({fmt::format("{} {}", what, key.second), w});
+        }
+    };
+    const int per = f.c.per_node;
+    groups("nodes", [&](size_t j) {
+        const long long n = (jobs[j].spec.devices + per - 1) / per;
+        return std::pair<double, std::string>(
+            double(n <= 1 ? 1 : std::bit_ceil((unsigned long long)n)), sim::size_class(n));
+    });
+    const bool epoch = f.trace.origin_epoch > 0;
+    groups("month", [&](size_t j) {
+        const std::string m = sim::month_of(f.trace.origin_epoch, epoch, jobs[j].spec.submit);
+        return std::pair<double, std::string>(
+            epoch ? 0.0 : std::floor(jobs[j].spec.submit / (30 * 86400.0)), m);
+    });
+    return f;
+}
+
+std::string ratio(double a, double b) { return b > 0 ? fmt::format("{:.2f}", a / b) : "-"; }
+
+void print_fit(const Options& o, const FitOutcome& f) {
+    using sim::format_duration;
+    fmt::print("trace {}: {} jobs; cluster: {} nodes{}\n", o.trace, f.trace.jobs.size(), f.c.nodes,
+               f.c.per_node > 1 ? fmt::format(" x {} devices", f.c.per_node) : "");
+    for (const auto& n : f.trace.notes) fmt::print("note: {}\n", n);
+    const auto& best = f.tried[f.best];
+    fmt::print(
+        "\nfit: the jobs submitted before {} (--fit-fraction {:g}) simulated alone, {} settings in "
+        "{:.1f} s; scored on the waits of the {} submitted from {} (the earlier ones warm the "
+        "queue up), by |ln(mean ratio)| + |ln(p90 ratio)| + (1 - Spearman)\n",
+        format_duration(f.fit_end), o.fit_fraction, f.tried.size(), f.search_s, best.waits.n,
+        format_duration(f.warm_end));
+    std::vector<size_t> order(f.tried.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return f.tried[a].score < f.tried[b].score; });
+    fmt::print("{:>7} {:>6} {:>6} {:>8}  setting (best 5)\n", "score", "mean", "p90", "Spearman");
+    for (size_t k = 0; k < std::min<size_t>(5, order.size()); ++k) {
+        const auto& t = f.tried[order[k]];
+        fmt::print("{:>7.3f} {:>6} {:>6} {:>8.3f}  {}\n", t.score,
+                   ratio(t.waits.mean, t.waits.rec_mean), ratio(t.waits.p90, t.waits.rec_p90),
+                   t.waits.spearman, t.setting.name());
+    }
+    fmt::print("chosen: {}\n", best.setting.name());
+    fmt::print(
+        "\nthe rest: jobs submitted from {}, the chosen setting on the whole log; waits simulated "
+        "/ recorded\n",
+        format_duration(f.fit_end));
+    fmt::print("{:<18} {:>6} {:>15} {:>6} {:>15} {:>15} {:>6} {:>8}\n", "group", "jobs",
+               "mean sim/rec", "ratio", "p50 sim/rec", "p90 sim/rec", "ratio", "Spearman");
+    for (const auto& row : f.rows) {
+        const auto& w = row.waits;
+        fmt::print("{:<18} {:>6} {:>15} {:>6} {:>15} {:>15} {:>6} {:>8.3f}\n", row.group, w.n,
+                   format_duration(w.mean) + "/" + format_duration(w.rec_mean),
+                   ratio(w.mean, w.rec_mean),
+                   format_duration(w.p50) + "/" + format_duration(w.rec_p50),
+                   format_duration(w.p90) + "/" + format_duration(w.rec_p90),
+                   ratio(w.p90, w.rec_p90), w.spearman);
+    }
+    const auto& all = f.rows[0].waits;
+    auto within = [](double a, double b, double tol) {
+        return b > 0 && std::abs(a / b - 1) <= tol;
+    };
+    fmt::print("targets (mean and p90 within 25%, Spearman >= 0.5): mean {}, p90 {}, Spearman {}\n",
+               within(all.mean, all.rec_mean, 0.25) ? "met" : "not met",
+               within(all.p90, all.rec_p90, 0.25) ? "met" : "not met",
+               all.spearman >= 0.5 ? "met" : "not met");
+}
+
+nlohmann::json to_json(const sim::WaitStats& w) {
+    return {{"jobs", w.n},
+            {"mean_wait_s", w.mean},
+            {"p50_wait_s", w.p50},
+            {"p90_wait_s", w.p90},
+            {"recorded_mean_wait_s", w.rec_mean},
+            {"recorded_p50_wait_s", w.rec_p50},
+            {"recorded_p90_wait_s", w.rec_p90},
+            {"spearman_wait", w.spearman}};
+}
+
+void print_fit_json(const Options& o, const FitOutcome& f) {
+    nlohmann::json j;
+    j["trace"] = {{"file", o.trace}, {"jobs", f.trace.jobs.size()}, {"notes", f.trace.notes}};
+    j["cluster"] = {{"nodes", f.c.nodes}, {"devices_per_node", f.c.per_node}};
+    j["fit"] = {{"fit_fraction", o.fit_fraction},
+                {"fit_end_s", f.fit_end},
+                {"scored_from_s", f.warm_end},
+                {"search_s", f.search_s},
+                {"chosen", f.tried[f.best].setting.name()}};
+    for (const auto& t : f.tried) {
+        j["fit"]["tried"].push_back(
+            {{"setting", t.setting.name()}, {"score", t.score}, {"waits", to_json(t.waits)}});
+    }
+    j["rest"] = nlohmann::json::array();  // "all", then by size, then by month, in order
+    for (const auto& row : f.rows) {
+        auto w = to_json(row.waits);
+        w["group"] = row.group;
+        j["rest"].push_back(w);
+    }
+    fmt::print("{}\n", j.dump(2));
+}
+
+void run_fit(const Options& o) {
+    FitOutcome f = fit_log(o);
+    f.result.policy = f.tried[f.best].setting.policy;
+    if (!o.jobs_out.empty()) {
+        std::ostringstream s;
+        if (o.jobs_out.ends_with(".json")) {
+            nlohmann::json j;
+            j[f.result.policy] = sim::jobs_json(f.jobs, f.result);
+            s << j.dump(1) << "\n";
+        } else {
+            sim::write_jobs_csv(f.jobs, {f.result}, s);
+        }
+        write_file_atomically(o.jobs_out, s.str(), "--jobs-out");
+    }
+    if (o.json) {
+        print_fit_json(o, f);
+    } else {
+        print_fit(o, f);
+    }
+}
+
+// Options `sim cluster` and `sim fit` share: the trace, the cluster and what
+// is not searched.
+void add_trace_options(CLI::App* cmd, Options& o) {
     add_sim_cluster_options(cmd, o.cluster);
     cmd->add_option("--trace", o.trace,
                     "jobs: CSV/JSON (docs/sim.md), sacct --parsable2 output, "
@@ -431,15 +688,6 @@ void add_sim_cluster(CLI::App* sim) {
     cmd->add_option("--slurm-devices", o.slurm_devices,
                     "what a Slurm job's devices are: auto (GPUs if any record has them), cpus, "
                     "gpus");
-    cmd->add_option("--policies", o.policies,
-                    "comma-separated: fifo, backfill, priority, twolevel, multifactor, "
-                    "multifactor-fifo, wfp, each with optional +preempt, +carbon (default "
-                    "fifo,backfill,twolevel; Slurm's with --slurm-conf)");
-    cmd->add_option("--spot-profile", o.spot_profile,
-                    "CSV hour,spot_nodes[,spot_price]: spot capacity and USD per device-hour");
-    cmd->add_option("--carbon-profile", o.carbon_profile,
-                    "CSV hour,gco2_per_kwh (or one value per line, hourly); default "
-                    "cluster.carbon_profile or cluster.gco2_per_kwh");
     cmd->add_option("--capacity", o.capacity,
                     "nodes available over time: CSV time,available_nodes, time,event,nodes "
                     "(drain/down/resume of named nodes), start,end,nodes (reservations) or "
@@ -449,15 +697,11 @@ void add_sim_cluster(CLI::App* sim) {
                     "--capacity implied: a queued job that fits but nothing starts for this long "
                     "is an outage (default 2)")
         ->check(CLI::Range(0.0, 1e6));
-    cmd->add_option("--capacity-out", o.capacity_out,
-                    "CSV time,available_nodes of the capacity timeline used");
-    cmd->add_flag("--failures", o.failures, "nodes fail at cluster.mtbf_node_hours");
-    cmd->add_option("--repair-hours", o.repair_h, "a failed node is back after this")
-        ->check(CLI::Range(0.0, 1e6));
     cmd->add_option("--latency-s", o.latency,
-                    "the scheduler starts a job this long after it arrives, and devices are free "
-                    "this long after a job ends; auto: measured from a Slurm record (sacct, "
-                    "jobcomp), 0 for any other trace");
+                    "seconds the scheduler takes to react: a job is first considered this long "
+                    "after it arrives, and a job's devices are free this long after it ends (not "
+                    "busy in between); auto (default): measured from a Slurm record (sacct, "
+                    "jobcomp), 0 for every other trace (SWF, CSV, JSON, recorded starts or not)");
     cmd->add_option("--queue-depth", o.queue_depth,
                     "queued jobs looked at per pass (default 1000, or bf_max_job_test)")
         ->check(CLI::Range(1, 100000000));
@@ -465,7 +709,44 @@ void add_sim_cluster(CLI::App* sim) {
                     "decay of usage in the two-level queue and multifactor fair share (0: none; "
                     "default 7, or slurm.conf's PriorityDecayHalfLife)")
         ->check(CLI::Range(0.0, 1e6))
-        ->each([](const std::string&) { o.half_life_given = true; });
+        ->each([&o](const std::string&) { o.half_life_given = true; });
+    cmd->add_option("--infer-users", o.infer_users_min,
+                    "a log that names no users (or one): jobs of one size and time limit "
+                    "submitted at most this many minutes apart are one user's (0: off, the "
+                    "default)")
+        ->check(CLI::Range(0.0, 1e6));
+    cmd->add_option("--limits", o.limits,
+                    "CSV kind,name,max_running_jobs,max_nodes: per-user / per-account limits "
+                    "(kind user or account, name * for everyone else)");
+    cmd->add_option("--shares", o.shares, "account shares, e.g. research=2,prod=1 (default 1)");
+    cmd->add_option("--bf-window", o.bf_window_min,
+                    "backfill: reservations only this many minutes ahead (default 1440, or "
+                    "slurm.conf's bf_window)")
+        ->check(CLI::Range(1e-6, 1e9));
+    cmd->add_option("--jobs-out", o.jobs_out, "per-job results: .csv or .json");
+    cmd->add_flag("--json", o.json, "print one JSON object");
+}
+
+}  // namespace
+
+void add_sim_cluster(CLI::App* sim) {
+    auto* cmd = sim->add_subcommand("cluster", "run a job trace under scheduling policies");
+    static Options o;
+    add_trace_options(cmd, o);
+    cmd->add_option("--policies", o.policies,
+                    "comma-separated: fifo, backfill, priority, twolevel, multifactor, "
+                    "multifactor-fifo, wfp, each with optional +preempt, +carbon (default "
+                    "fifo,backfill,twolevel; Slurm's with --slurm-conf)");
+    cmd->add_option("--spot-profile", o.spot_profile,
+                    "CSV hour,spot_nodes[,spot_price]: spot capacity and USD per device-hour");
+    cmd->add_option("--carbon-profile", o.carbon_profile,
+                    "CSV hour,gco2_per_kwh (or one value per line, hourly); default "
+                    "cluster.carbon_profile or cluster.gco2_per_kwh");
+    cmd->add_option("--capacity-out", o.capacity_out,
+                    "CSV time,available_nodes of the capacity timeline used");
+    cmd->add_flag("--failures", o.failures, "nodes fail at cluster.mtbf_node_hours");
+    cmd->add_option("--repair-hours", o.repair_h, "a failed node is back after this")
+        ->check(CLI::Range(0.0, 1e6));
     cmd->add_option("--priority-weights", o.priority_weights,
                     "multifactor: age=W,size=W,fairshare=W (default 1000 each, or slurm.conf's "
                     "PriorityWeightAge/JobSize/Fairshare)");
@@ -473,19 +754,26 @@ void add_sim_cluster(CLI::App* sim) {
                     "multifactor: the age factor reaches 1 at this age (default 7, or "
                     "slurm.conf's PriorityMaxAge)")
         ->check(CLI::Range(0.0, 1e6));
+    cmd->add_option("--nodes-per-leaf", o.nodes_per_leaf,
+                    "nodes under one leaf switch (consecutive nodes): a job of whole nodes goes "
+                    "inside one leaf when one has room (0: no placement, the default)")
+        ->check(CLI::Range(0, 100000000));
+    cmd->add_option("--bf-max-job-user", o.bf_max_job_user,
+                    "backfill: jobs of one user tested per pass (0: no limit, the default; or "
+                    "slurm.conf's bf_max_job_user)")
+        ->check(CLI::Range(0, 100000000));
+    cmd->add_option("--user-max-jobs", o.user_max_jobs,
+                    "every user runs at most this many jobs at once (a --limits line "
+                    "user,*,N,; sim fit searches it)")
+        ->check(CLI::Range(0LL, 1000000000LL));
+    cmd->add_flag("--priority-favor-small", o.favor_small,
+                  "multifactor: smaller jobs get the larger job-size factor (slurm.conf "
+                  "PriorityFavorSmall=YES)");
     cmd->add_option("--bf-max-job-test", o.bf_max_job_test,
                     "backfill: jobs that get a reservation when they cannot start (1: EASY, the "
                     "default; more: Slurm's sched/backfill, which reserves for every job it "
                     "tests)")
         ->check(CLI::Range(1, 100000000));
-    cmd->add_option("--bf-window", o.bf_window_min,
-                    "backfill: reservations only this many minutes ahead (default 1440, or "
-                    "slurm.conf's bf_window)")
-        ->check(CLI::Range(1e-6, 1e9));
-    cmd->add_option("--limits", o.limits,
-                    "CSV kind,name,max_running_jobs,max_nodes: per-user / per-account limits "
-                    "(kind user or account, name * for everyone else)");
-    cmd->add_option("--shares", o.shares, "account shares, e.g. research=2,prod=1 (default 1)");
     cmd->add_option("--checkpoint-interval-s", o.ckpt_interval_s,
                     "checkpoint interval of jobs without a model (0: continuous)")
         ->check(CLI::Range(0.0, 1e9));
@@ -496,12 +784,26 @@ void add_sim_cluster(CLI::App* sim) {
                     "a replay compares the waits of jobs submitted after this fraction of the "
                     "log's span (the rest warm the queue up; default 0)")
         ->check(CLI::Range(0.0, 1.0));
-    cmd->add_option("--jobs-out", o.jobs_out, "per-job results: .csv or .json");
     cmd->add_option("--series-out", o.series_out,
                     "CSV of the cluster over time: busy and available devices, queued jobs");
     cmd->add_option("--svg", o.svg, "picture: .svg, or .png through rsvg-convert");
-    cmd->add_flag("--json", o.json, "print one JSON object");
     cmd->callback([] { run(o); });
+}
+
+void add_sim_fit(CLI::App* sim) {
+    auto* cmd = sim->add_subcommand(
+        "fit",
+        "fit a policy's free parameters to the first part of a recorded log, report on the rest");
+    static Options o;
+    add_trace_options(cmd, o);
+    cmd->add_option("--policies", o.policies,
+                    "the policies searched, comma-separated: fifo, backfill, multifactor, "
+                    "multifactor-fifo, wfp (default fifo,backfill,multifactor,wfp)");
+    cmd->add_option("--fit-fraction", o.fit_fraction,
+                    "the first part of the log's span that the search sees (default 0.5); the "
+                    "report covers the jobs submitted after it")
+        ->check(CLI::Range(0.05, 0.95));
+    cmd->callback([] { run_fit(o); });
 }
 
 }  // namespace apiary::cli

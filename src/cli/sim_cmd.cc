@@ -101,6 +101,7 @@ void setup(CLI::App& app) {
         "sim", "simulate a cluster over time: job scheduling, and collectives on a fabric");
     sim->require_subcommand(1);
     add_sim_cluster(sim);
+    add_sim_fit(sim);
     add_sim_comm(sim);
     add_trace(sim);
 }

@@ -22,5 +22,6 @@ void write_file_atomically(const std::string& path, const std::string& text, con
 
 void add_sim_cluster(CLI::App* sim);  // sim_cluster_cmd.cc
 void add_sim_comm(CLI::App* sim);     // sim_comm_cmd.cc
+void add_sim_fit(CLI::App* sim);      // sim_cluster_cmd.cc
 
 }  // namespace apiary::cli

@@ -9,6 +9,7 @@
 #include "cli/command.h"
 #include "comm/mpi_backend.h"
 #include "core/error.h"
+#include "train/auto_layout.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
@@ -24,6 +25,15 @@ void exit_for(const train::TrainSummary& s) {
     } else if (s.interrupted) {
         set_exit_code(130);
     }
+}
+
+// parallel.layout = auto: the layout the planner finds fastest for the
+// ranks and hosts of this launch (the same on every rank), said once.
+core::Config laid_out(const core::Config& c, comm::ProcessGroup* world) {
+    const train::LayoutChoice ch =
+        train::choose_layout(c, world ? world->size() : 1, world ? ranks_per_host() : 1);
+    if (ch.chosen && (!world || world->rank() == 0)) fmt::print(stderr, "apiary: {}\n", ch.report);
+    return ch.config;
 }
 
 void setup(CLI::App& app) {
@@ -53,7 +63,9 @@ void setup(CLI::App& app) {
         // Under mpirun/srun every rank runs this; one MPI session per process.
         MpiWorld mpi;
         comm::ProcessGroup*& world = mpi.world;
-        auto start_mpi = [&](const core::Config& c) { mpi = start_mpi_world(comm::options_from(c)); };
+        auto start_mpi = [&](const core::Config& c) {
+            mpi = start_mpi_world(comm::options_from(c));
+        };
         if (auto_resume) {
             if (!resume_dir.empty()) {
                 throw ConfigError(
@@ -86,7 +98,7 @@ void setup(CLI::App& app) {
             all.push_back("run.dir=" + resume_dir);
             const core::Config c = load_config(cfg, all);
             start_mpi(c);
-            exit_for(train::resume_training(c, world, previous_good));
+            exit_for(train::resume_training(laid_out(c, world), world, previous_good));
             return;
         }
         if (previous_good) {
@@ -94,7 +106,7 @@ void setup(CLI::App& app) {
         }
         const core::Config c = load_config(config_file, sets);
         start_mpi(c);
-        exit_for(train::run_training(c, overwrite, world));
+        exit_for(train::run_training(laid_out(c, world), overwrite, world));
     });
 }
 

@@ -150,6 +150,34 @@ class MpiGroup : public ProcessGroup {
         });
     }
 
+    WorkHandle all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                            const std::vector<int64_t>& recv_counts, DType dt,
+                            Tag tag) override {
+        check_counts(send_counts, recv_counts);
+        // Counts and displacements as MPI's ints, copied for the worker.
+        const size_t n = static_cast<size_t>(size());
+        std::vector<int> sc(n), sd(n), rc(n), rd(n);
+        int64_t so = 0, ro = 0;
+        for (size_t r = 0; r < sc.size(); ++r) {
+            sc[r] = as_int(send_counts[r], *e_, "all_to_all_v");
+            rc[r] = as_int(recv_counts[r], *e_, "all_to_all_v");
+            sd[r] = as_int(so, *e_, "all_to_all_v");
+            rd[r] = as_int(ro, *e_, "all_to_all_v");
+            so += send_counts[r];
+            ro += recv_counts[r];
+        }
+        // The fingerprint's count is 0 (the counts differ by rank): the
+        // bytes this rank sends are counted here, the call where it runs.
+        count_traffic_bytes(CollOp::all_to_all_v, so * int64_t(core::dtype_size(dt)));
+        return submit({CollOp::all_to_all_v, dt, 0, tag},
+                      [e = e_.get(), send, recv, dt, sc = std::move(sc), sd = std::move(sd),
+                       rc = std::move(rc), rd = std::move(rd)](const CallContext& ctx) {
+                          mpi_check(MPI_Alltoallv(send, sc.data(), sd.data(), mpi_type(dt), recv,
+                                                  rc.data(), rd.data(), mpi_type(dt), e->comm),
+                                    "MPI_Alltoallv", ctx);
+                      });
+    }
+
     WorkHandle send(const void* buf, int64_t count, DType dt, int dst, Tag tag) override {
         check_peer(dst);
         Fingerprint fp{CollOp::send, dt, count, tag, dst, e_->p2p_seq++};

@@ -28,6 +28,70 @@ std::string format_ranks(const std::vector<int>& ranks) {
     return out;
 }
 
+namespace {
+
+// Work made of point-to-point parts (the default all_to_all_v).
+class PartsWork : public Work {
+  public:
+    PartsWork(Fingerprint fp, std::vector<WorkHandle> parts) : Work(fp), parts_(std::move(parts)) {}
+    bool test() override {
+        for (auto& w : parts_) {
+            if (!w->test()) return false;
+        }
+        return true;
+    }
+    void wait() override { wait_all(parts_); }
+
+  private:
+    std::vector<WorkHandle> parts_;
+};
+
+}  // namespace
+
+void ProcessGroup::check_counts(const std::vector<int64_t>& send_counts,
+                                const std::vector<int64_t>& recv_counts) const {
+    if (int(send_counts.size()) != size_ || int(recv_counts.size()) != size_) {
+        throw CommError(fmt::format("{}: all_to_all_v takes one count per rank ({}), got {} send "
+                                    "and {} receive counts",
+                                    describe(), size_, send_counts.size(), recv_counts.size()));
+    }
+    for (int r = 0; r < size_; ++r) {
+        if (send_counts[size_t(r)] < 0 || recv_counts[size_t(r)] < 0) {
+            throw CommError(fmt::format("{}: all_to_all_v with a negative count for rank {}",
+                                        describe(), r));
+        }
+    }
+}
+
+WorkHandle ProcessGroup::all_to_all_v(const void* send, const std::vector<int64_t>& send_counts,
+                                      void* recv, const std::vector<int64_t>& recv_counts,
+                                      DType dtype, Tag tag) {
+    check_counts(send_counts, recv_counts);
+    const size_t es = core::dtype_size(dtype);
+    const char* s = static_cast<const char*>(send);
+    char* d = static_cast<char*>(recv);
+    std::vector<WorkHandle> parts;
+    int64_t so = 0, ro = 0;
+    for (int r = 0; r < size_; ++r) {
+        const int64_t sc = send_counts[size_t(r)], rc = recv_counts[size_t(r)];
+        if (r == rank_) {
+            if (sc != rc) {
+                throw CommError(fmt::format("{}: all_to_all_v sends {} elements to itself but "
+                                            "expects {}",
+                                            describe(), sc, rc));
+            }
+            if (sc > 0) std::memcpy(d + size_t(ro) * es, s + size_t(so) * es, size_t(sc) * es);
+        } else {
+            if (rc > 0) parts.push_back(this->recv(d + size_t(ro) * es, rc, dtype, r, tag));
+            if (sc > 0) parts.push_back(this->send(s + size_t(so) * es, sc, dtype, r, tag));
+        }
+        so += sc;
+        ro += rc;
+    }
+    return std::make_shared<PartsWork>(Fingerprint{CollOp::all_to_all_v, dtype, 0, tag},
+                                       std::move(parts));
+}
+
 std::string ProcessGroup::describe() const {
     return fmt::format("{} (world ranks {})", name_, format_ranks(world_ranks_));
 }

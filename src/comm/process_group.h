@@ -89,6 +89,15 @@ class ProcessGroup {
     // from rank i. send and recv must not overlap.
     virtual WorkHandle all_to_all(const void* send, void* recv, int64_t count_per_rank, DType dtype,
                                   Tag tag = {}) = 0;
+    // Variable counts (MPI_Alltoallv): send_counts[j] elements go to rank j,
+    // recv_counts[i] come from rank i; blocks are back to back in rank order
+    // in both buffers. Each rank's recv_counts[i] must equal rank i's
+    // send_counts[rank] (exchange them first with all_to_all). The counts are
+    // copied at the call. send and recv must not overlap. The default runs
+    // over send / recv (the thread backend); MPI uses MPI_Alltoallv.
+    virtual WorkHandle all_to_all_v(const void* send, const std::vector<int64_t>& send_counts,
+                                    void* recv, const std::vector<int64_t>& recv_counts,
+                                    DType dtype, Tag tag = {});
     // Point to point. Messages between two ranks match in order among those
     // with the same tag id (it is the MPI tag, 0-32767; -1 counts as 0), so
     // streams of different kinds between the same pair (a pipeline's
@@ -117,6 +126,9 @@ class ProcessGroup {
         return op == ReduceOp::max || dt == DType::i64 || dt == DType::f64;
     }
     void check_peer(int r) const;  // 0 <= r < size()
+    // One non-negative count per rank each (all_to_all_v).
+    void check_counts(const std::vector<int64_t>& send_counts,
+                      const std::vector<int64_t>& recv_counts) const;
 
     ProcessGroup(int rank, int size, std::string name, std::vector<int> world_ranks)
         : rank_(rank), size_(size), name_(std::move(name)), world_ranks_(std::move(world_ranks)) {}

@@ -65,6 +65,18 @@ WorkHandle SelfGroup::all_to_all(const void* send, void* recv, int64_t count_per
     return done(CollOp::all_to_all, dtype, count_per_rank, tag);
 }
 
+WorkHandle SelfGroup::all_to_all_v(const void* send, const std::vector<int64_t>& send_counts,
+                                   void* recv, const std::vector<int64_t>& recv_counts,
+                                   DType dtype, Tag tag) {
+    check_counts(send_counts, recv_counts);
+    if (send_counts[0] != recv_counts[0]) {
+        throw CommError(fmt::format("{}: all_to_all_v sends {} elements to itself but expects {}",
+                                    name(), send_counts[0], recv_counts[0]));
+    }
+    copy_if_apart(send, recv, send_counts[0], dtype);
+    return done(CollOp::all_to_all_v, dtype, 0, tag);
+}
+
 WorkHandle SelfGroup::send(const void*, int64_t, DType, int dst, Tag) {
     check_peer(dst);
     throw CommError(fmt::format("{}: a group of one rank has no peer to send to", name()));

@@ -28,6 +28,9 @@ class SelfGroup : public ProcessGroup {
     WorkHandle broadcast(void* buf, int64_t count, DType dtype, int root, Tag tag = {}) override;
     WorkHandle all_to_all(const void* send, void* recv, int64_t count_per_rank, DType dtype,
                           Tag tag = {}) override;
+    WorkHandle all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                            const std::vector<int64_t>& recv_counts, DType dtype,
+                            Tag tag = {}) override;
     WorkHandle send(const void* buf, int64_t count, DType dtype, int dst, Tag tag = {}) override;
     WorkHandle recv(void* buf, int64_t count, DType dtype, int src, Tag tag = {}) override;
     WorkHandle barrier(Tag tag = {}) override;

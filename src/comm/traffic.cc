@@ -28,6 +28,10 @@ void count_traffic(CollOp op, int64_t bytes) {
     g_calls[int(op)].fetch_add(1, std::memory_order_relaxed);
 }
 
+void count_traffic_bytes(CollOp op, int64_t bytes) {
+    g_bytes[int(op)].fetch_add(uint64_t(bytes), std::memory_order_relaxed);
+}
+
 std::array<uint64_t, kNumCollOps> traffic_bytes() {
     std::array<uint64_t, kNumCollOps> out{};
     for (int i = 0; i < kNumCollOps; ++i)

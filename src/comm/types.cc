@@ -19,6 +19,8 @@ const char* op_name(CollOp op) {
             return "broadcast";
         case CollOp::all_to_all:
             return "all_to_all";
+        case CollOp::all_to_all_v:
+            return "all_to_all_v";
         case CollOp::send:
             return "send";
         case CollOp::recv:

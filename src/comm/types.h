@@ -23,6 +23,7 @@ enum class CollOp : uint8_t {
     all_gather,
     broadcast,
     all_to_all,
+    all_to_all_v,  // variable counts: the fingerprint's count is 0 (counts differ by rank)
     send,
     recv,
     barrier,

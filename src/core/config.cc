@@ -438,7 +438,7 @@ void add_shared_keys(Schema& s) {
               "context-parallel ranks: each holds 1/cp of every sequence (planner only)", 1,
               1 << 16);
     s.add_int("parallel.ep", 1,
-              "expert-parallel ranks, carved out of the data-parallel ones (planner only)", 1,
+              "expert-parallel ranks, carved out of the data-parallel ones: each holds 1/ep of the routed experts", 1,
               1 << 16);
     s.add_int("parallel.zero_stage", 0,
               "ZeRO stage: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters", 0, 3);
@@ -457,6 +457,11 @@ void add_shared_keys(Schema& s) {
                  "blocks per pipeline stage (per virtual stage when interleaved), comma-separated, "
                  "e.g. \"5,4,3\" (empty: balanced by the planner's cost model, the head's "
                  "cost included)");
+    s.add_string("parallel.layout", "manual",
+                 "manual: the parallel.* keys as given; auto: apiary train asks the planner "
+                 "(with plan.calibration, and the ranks and hosts it was launched on) for the "
+                 "fastest layout that fits the global batch and trains with it",
+                 {"manual", "auto"});
     s.add_string("parallel.axis_order", kAxisOrder,
                  "mesh axes from fastest-varying (neighbouring ranks) to slowest");
 }

@@ -151,8 +151,10 @@ void Transformer::block_forward(int l, const LayerActs& a, const float* in, int6
     if (tp) row_parallel_output(act(a.res2), p.proj_b, n);
     k::add_inplace(act(a.res2), in, n * C);
 
-    float* norm2 = norm_forward(p.ln2_w, p.ln2_b, a.norm2, a.norm2_h, a.norm2_mean, a.norm2_rstd,
-                                act(a.res2), n);
+    // An MoE block takes its input in fp32 (its router and experts compute
+    // in fp32 in every mode, model/moe.cc).
+    float* norm2 = norm_forward(p.ln2_w, p.ln2_b, a.norm2, p.moe ? -1 : a.norm2_h, a.norm2_mean,
+                                a.norm2_rstd, act(a.res2), n);
     if (p.moe) {
         // Experts instead of the MLP (model/moe.cc); n == N: no tp.
         moe_forward(l, a, norm2, act(a.res3), N);

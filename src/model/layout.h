@@ -30,6 +30,10 @@ struct ModelShard {
     bool sequence_parallel = false;
     core::Recompute recompute = core::Recompute::none;  // core/parallelism.h
     int slots = 1;  // micro-batches in flight per chunk (pipeline schedules)
+    // Expert parallelism: this rank holds routed experts [ep_rank * E / ep,
+    // (ep_rank + 1) * E / ep) of every MoE block and exchanges tokens with
+    // the other ep_size - 1 ranks of its group (ExpertParallelComm).
+    int ep_size = 1, ep_rank = 0;
 
     bool whole() const { return tp_size == 1 && embedding && head && chunks.size() <= 1; }
 };

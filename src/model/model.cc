@@ -74,19 +74,35 @@ Transformer::Transformer(const core::ModelSpec& spec, int64_t max_B, int64_t max
             "once");
     }
     if (spec_.moe()) {
-        // The MoE block is single-device fp32 code for now: refused here
-        // too, not only where the trainer validates its config.
-        if (precision_ != Precision::fp32) {
+        // The MoE block computes in fp32 (inside a bf16 model too); the
+        // emulated fp16 weight copy is not read by it: refused here too, not
+        // only where the trainer validates its config.
+        if (precision_ == Precision::fp16) {
             throw ConfigError(fmt::format(
                 "model.n_expert = {}: mixture-of-experts blocks train in train.precision = "
-                "fp32 only (not yet in bf16 or fp16)",
+                "fp32 or bf16 (not fp16)",
                 spec_.n_expert));
         }
-        if (shard_.tp_size > 1 || !shard_.embedding || !shard_.head || shard_.chunks.size() > 1) {
+        if (shard_.tp_size > 1) {
             throw ConfigError(fmt::format(
-                "model.n_expert = {}: mixture-of-experts blocks run with parallel.tp = 1 and "
-                "parallel.pp = 1 only (data parallelism and ZeRO 1-3 work)",
+                "model.n_expert = {}: mixture-of-experts blocks run with parallel.tp = 1 only "
+                "(data, expert and pipeline parallelism, ZeRO 1-3 work)",
                 spec_.n_expert));
+        }
+    }
+    APIARY_CHECK(shard_.ep_size >= 1 && shard_.ep_rank >= 0 && shard_.ep_rank < shard_.ep_size,
+                 "expert-parallel rank {} of {}", shard_.ep_rank, shard_.ep_size);
+    if (shard_.ep_size > 1) {
+        if (!spec_.moe() || spec_.n_expert % shard_.ep_size != 0) {
+            throw ConfigError(fmt::format(
+                "parallel.ep = {} needs model.n_expert to be a multiple of it (n_expert = {})",
+                shard_.ep_size, spec_.n_expert));
+        }
+        if (storage_ != Storage::full) {
+            throw ConfigError(fmt::format(
+                "parallel.ep = {}: expert parallelism runs with parallel.zero_stage 0 or 1 "
+                "(not yet 2 or 3)",
+                shard_.ep_size));
         }
     }
     dims_ = local_dims(spec_, shard_.tp_size, shard_.tp_rank);
@@ -271,13 +287,25 @@ void Transformer::build_registry() {
 }
 
 void Transformer::build_units() {
-    // Units: the entries before the first block, each block, the rest.
+    // Units: the entries before the first block, each block (under expert
+    // parallelism followed by a unit of its routed experts), the rest.
     const auto& entries = registry_.entries();
-    units_.assign(local_layers_.size() + 2, Unit{});
+    const bool split_experts = shard_.ep_size > 1;
+    expert_unit_.assign(size_t(spec_.n_layer), -1);
+    int next = 1;
+    for (int l : local_layers_) {
+        layer_unit_[size_t(l)] = next++;
+        if (split_experts && spec_.moe_layer(l)) expert_unit_[size_t(l)] = next++;
+    }
+    units_.assign(size_t(next) + 1, Unit{});
+    for (int l : local_layers_) {
+        if (expert_unit_[size_t(l)] >= 0) units_[size_t(expert_unit_[size_t(l)])].expert = true;
+    }
     unit_of_entry_.clear();
     bool after_blocks = false;
     for (const auto& e : entries) {
         int u = e.layer >= 0 ? layer_unit_[size_t(e.layer)] : 0;
+        if (e.layer >= 0 && e.expert && split_experts) u = expert_unit_[size_t(e.layer)];
         if (e.layer >= 0) after_blocks = true;
         if (e.layer < 0 && after_blocks) u = int(units_.size()) - 1;
         unit_of_entry_.push_back(u);
@@ -293,7 +321,8 @@ void Transformer::build_units() {
     int64_t end = registry_.total();
     for (int u = int(units_.size()) - 1; u >= 0; --u) {
         const int64_t begin = first[size_t(u)] < 0 ? end : first[size_t(u)];
-        units_[size_t(u)] = {begin, end};
+        units_[size_t(u)].begin = begin;
+        units_[size_t(u)].end = end;
         end = begin;
     }
 }

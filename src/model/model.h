@@ -49,6 +49,10 @@ enum class Storage { full, sharded_grads, sharded };
 // pieces, one per data-parallel rank.
 struct Unit {
     int64_t begin = 0, end = 0;
+    // Under expert parallelism (ep > 1) the routed experts of each MoE
+    // block form a unit of their own, after the block's: they are
+    // replicated over dp / ep ranks, not over all of them.
+    bool expert = false;
     int64_t size() const { return end - begin; }
 };
 
@@ -136,6 +140,8 @@ class Transformer {
     void set_unit_store(UnitStore* store) { store_ = store; }
     // Required when shard().tp_size > 1; not owned.
     void set_tp_comm(TensorParallelComm* tp) { tp_ = tp; }
+    // Required when shard().ep_size > 1; not owned.
+    void set_ep_comm(ExpertParallelComm* ep) { ep_ = ep; }
 
     // GPT-2 initialisation: N(0, 0.02), output projections N(0, 0.02/sqrt(2L)),
     // biases 0, norm weights 1. Every element is a pure function of (seed,
@@ -208,6 +214,10 @@ class Transformer {
     }
     void bf16_weights_written() { shadow_stale_ = false; }
 
+    // The gradient scale of the current micro-batch's loss (head_loss's
+    // grad_scale), for a pipeline stage without the head: the MoE blocks'
+    // router losses enter the gradient scaled like the loss.
+    void set_loss_grad_scale(float s) { moe_grad_scale_ = s; }
     // Expert load per MoE block (empty for a dense model), in block order.
     const std::vector<MoeLayerStats>& moe_stats() const { return moe_stats_; }
     void reset_moe_stats();
@@ -346,6 +356,7 @@ class Transformer {
     std::vector<Chunk> chunks_;
     std::vector<int> local_layers_;  // every block this rank holds, in flat order
     std::vector<int> layer_unit_;    // global block -> unit (-1: not held)
+    std::vector<int> expert_unit_;   // global block -> its experts' unit (ep > 1; else -1)
     std::vector<Unit> units_;
     std::vector<int> unit_of_entry_;  // registry entry -> unit
     // Element `begin` of unit u's parameters / gradients, null while a
@@ -355,6 +366,7 @@ class Transformer {
     std::vector<const uint16_t*> hbase_;  // the bf16 weight copy, per unit
     UnitStore* store_ = nullptr;
     TensorParallelComm* tp_ = nullptr;
+    ExpertParallelComm* ep_ = nullptr;
     std::function<void(int64_t)> grad_ready_;
     // Weights in compute precision: bf16 (uint16) or fp16-rounded fp32.
     core::Tensor shadow_;
@@ -387,6 +399,15 @@ class Transformer {
     std::vector<MoeActs> moe_acts_;
     core::Tensor moe_dye_, moe_dh_, moe_dact_, moe_dxg_, moe_dgate_, moe_dlogits_;
     core::Tensor moe_dsh_h_, moe_dsh_act_;
+    core::Tensor moe_ep_buf_, moe_dyr_;  // expert parallelism (model/moe.cc)
+    // ep > 1: sends this rank's routed rows to the experts' ranks (xg ->
+    // xr, expert-major) and sets the block's counts; returns the rows.
+    int64_t moe_dispatch(MoeActs& m);
+    // The reverse: rows (R, C) expert-major on this rank -> out (M, C) in
+    // the order of xg, on the ranks the rows came from.
+    void moe_return(MoeActs& m, const float* rows, float* out);
+    // The forward: rows in the order of xg (M, C) -> rows (R, C) expert-major here.
+    void moe_send(MoeActs& m, const float* in, float* rows);
     std::vector<MoeLayerStats> moe_stats_;
     std::vector<int> moe_stat_of_layer_;
     float moe_grad_scale_ = 0.0f;

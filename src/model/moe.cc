@@ -10,6 +10,17 @@
 // (load balancing, z-loss) are per micro-batch and block, and enter the
 // gradient scaled as the cross-entropy of the micro-batch's N tokens is,
 // so gradient accumulation and data parallelism weight them like the loss.
+// The block computes in fp32 in every mode: in a bf16 model it reads the
+// fp32 master weights and an fp32 copy of its normed input (blocks.cc).
+//
+// Expert parallelism (shard().ep_size > 1): this rank holds experts
+// [ep_rank El, (ep_rank + 1) El), El = E / ep, under their global names.
+// Routing stays local (every rank holds the router); the gathered rows,
+// already ordered by expert, go to the experts' ranks in one all-to-all
+// (counts first), run there expert-major, and come back in a second one;
+// backward sends the outputs' gradients the same way and the inputs'
+// gradients back. The math is the one-rank block's: only where the expert
+// GEMMs run changes.
 //
 // The sigmoid router's selection bias (DeepSeek-V3) is a parameter whose
 // "gradient" is the load error f_e - 1/E of each micro-batch: the optimizer
@@ -42,6 +53,43 @@ k::MoeRouter router_of(const core::ModelSpec& s) {
     return s.moe_sigmoid ? k::MoeRouter::sigmoid : k::MoeRouter::softmax;
 }
 
+// Rows received from ep ranks come source-major (rank s, then local expert
+// le: counts[s El + le] rows each); the grouped GEMMs want them expert-major
+// (le, then s). Copies every segment from one order to the other.
+void permute_rows(float* dst, const float* src, const std::vector<int64_t>& counts, int ep,
+                  int64_t El, int64_t C, bool to_expert_major) {
+    std::vector<int64_t> src_major(counts.size()), expert_major(counts.size());
+    int64_t at = 0;
+    for (size_t i = 0; i < counts.size(); ++i) {
+        src_major[i] = at;
+        at += counts[i];
+    }
+    at = 0;
+    for (int64_t le = 0; le < El; ++le) {
+        for (int s = 0; s < ep; ++s) {
+            const size_t i = size_t(s * El + le);
+            expert_major[i] = at;
+            at += counts[i];
+        }
+    }
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t i = 0; i < counts.size(); ++i) {
+        const int64_t from = to_expert_major ? src_major[i] : expert_major[i];
+        const int64_t to = to_expert_major ? expert_major[i] : src_major[i];
+        std::copy_n(src + from * C, counts[i] * C, dst + to * C);
+    }
+}
+
+// The most rows this rank's experts can receive in one micro-batch of N
+// tokens: each of ep ranks sends at most its N K choices, and at most
+// capacity rows per expert.
+int64_t max_expert_rows(const core::ModelSpec& s, int64_t N, int ep) {
+    const int64_t E = s.n_expert, K = s.n_expert_active;
+    if (ep == 1) return N * K;
+    const int64_t cap = k::moe_capacity(N, E, K, s.moe_capacity_factor, s.moe_dropless);
+    return ep * std::min(N * K, (E / ep) * cap);
+}
+
 }  // namespace
 
 void Transformer::add_moe_params(int l) {
@@ -70,8 +118,14 @@ void Transformer::add_moe_params(int l) {
             mat(q + "down_proj.weight", C, F, Init::normal_residual);
         }
     };
-    for (int64_t e = 0; e < E; ++e) mlp(p + fmt::format("experts.{}.", e), Fe);
     if (S > 0) mlp(p + "shared_experts.", S * Fe);
+    // The routed experts last: under expert parallelism they are a unit of
+    // their own (model.cc, build_units), starting on a unit boundary.
+    if (shard_.ep_size > 1) reg.align(flat_multiple_);
+    const size_t first = reg.entries().size();
+    const int64_t El = E / shard_.ep_size, e0 = shard_.ep_rank * El;
+    for (int64_t e = e0; e < e0 + El; ++e) mlp(p + fmt::format("experts.{}.", e), Fe);
+    for (size_t i = first; i < reg.entries().size(); ++i) reg.entries()[i].expert = true;
 }
 
 void Transformer::resolve_moe_handles(int l, const std::string& prefix) {
@@ -84,7 +138,8 @@ void Transformer::resolve_moe_handles(int l, const std::string& prefix) {
     b.moe = true;
     b.router_w = r.index_of(p + "gate.weight");
     b.router_bias = r.index_of(p + "gate.e_score_correction_bias");
-    for (int e = 0; e < spec_.n_expert; ++e) {
+    const int El = spec_.n_expert / shard_.ep_size, e0 = shard_.ep_rank * El;
+    for (int e = e0; e < e0 + El; ++e) {
         const std::string q = p + fmt::format("experts.{}.", e);
         b.expert_fc_w.push_back(r.index_of(q + first));
         b.expert_fc2_w.push_back(r.index_of(q + second));
@@ -101,6 +156,8 @@ void Transformer::allocate_moe() {
     const int64_t N = max_B_ * max_T_, C = dims_.C, E = spec_.n_expert, K = spec_.n_expert_active,
                   Fe = spec_.expert_ffn_dim(), fw = gpt2 ? Fe : 2 * Fe,
                   S = spec_.n_shared_expert;
+    const int ep = shard_.ep_size;
+    const int64_t R = max_expert_rows(spec_, N, ep);
     const auto act = MemCategory::activations;
     for (auto& c : chunks_) {
         for (auto& s : c.slots) {
@@ -118,8 +175,9 @@ void Transformer::allocate_moe() {
                 m.routed = core::Tensor({E}, DType::i64, act);
                 m.dropped = core::Tensor({E}, DType::i64, act);
                 m.xg = core::Tensor({N * K, C}, DType::f32, act);
-                m.h = core::Tensor({N * K, fw}, DType::f32, act);
-                m.act = core::Tensor({N * K, Fe}, DType::f32, act);
+                if (ep > 1) m.xr = core::Tensor({R, C}, DType::f32, act);
+                m.h = core::Tensor({R, fw}, DType::f32, act);
+                m.act = core::Tensor({R, Fe}, DType::f32, act);
                 m.ye = core::Tensor({N * K, C}, DType::f32, act);
                 if (S > 0) {
                     m.sh_h = core::Tensor({N, S * fw}, DType::f32, act);
@@ -134,8 +192,14 @@ void Transformer::allocate_moe() {
     // The gradient of the expert outputs and later of the gathered inputs
     // share one buffer (the first is dead before the second is written).
     moe_dye_ = core::Tensor({N * K, C}, DType::f32, buf);
-    moe_dh_ = core::Tensor({N * K, fw}, DType::f32, buf);
-    moe_dact_ = core::Tensor({N * K, Fe}, DType::f32, buf);
+    moe_dh_ = core::Tensor({R, fw}, DType::f32, buf);
+    moe_dact_ = core::Tensor({R, Fe}, DType::f32, buf);
+    if (ep > 1) {
+        // The rows in flight (source-major), and the expert side's outputs
+        // in forward / their gradients, then the inputs', in backward.
+        moe_ep_buf_ = core::Tensor({R, C}, DType::f32, buf);
+        moe_dyr_ = core::Tensor({R, C}, DType::f32, buf);
+    }
     moe_dgate_ = core::Tensor({N, K}, DType::f32, buf);
     moe_dlogits_ = core::Tensor({N, E}, DType::f32, buf);
     if (S > 0) {
@@ -181,18 +245,27 @@ void Transformer::moe_forward(int l, const LayerActs& a, const float* x, float* 
     const int64_t* offsets = m.offsets.data<int64_t>();
     const int64_t M = offsets[E];
     k::moe_gather(m.xg.f32(), x, m.token_of.data<int32_t>(), M, C);
-    std::vector<const float*> W1(static_cast<size_t>(E)), W2(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e) {
+    // This rank's experts: all of them (their rows are xg), or under expert
+    // parallelism El of them over the rows every ep rank sent (xr).
+    const bool ep = shard_.ep_size > 1;
+    const int64_t El = E / shard_.ep_size;
+    const int64_t R = ep ? moe_dispatch(m) : M;
+    const float* xe = ep ? m.xr.f32() : m.xg.f32();
+    const int64_t* eoff = ep ? m.local_offsets.data() : offsets;
+    std::vector<const float*> W1(static_cast<size_t>(El)), W2(static_cast<size_t>(El));
+    for (int64_t e = 0; e < El; ++e) {
         W1[size_t(e)] = P(p.expert_fc_w[size_t(e)]);
         W2[size_t(e)] = P(p.expert_fc2_w[size_t(e)]);
     }
-    k::grouped_linear_forward(m.h.f32(), m.xg.f32(), W1.data(), offsets, E, C, fw);
+    k::grouped_linear_forward(m.h.f32(), xe, W1.data(), eoff, El, C, fw);
     if (gpt2) {
-        k::gelu_forward(m.act.f32(), m.h.f32(), M * Fe);
+        k::gelu_forward(m.act.f32(), m.h.f32(), R * Fe);
     } else {
-        k::swiglu_forward(m.act.f32(), m.h.f32(), M, Fe);
+        k::swiglu_forward(m.act.f32(), m.h.f32(), R, Fe);
     }
-    k::grouped_linear_forward(m.ye.f32(), m.act.f32(), W2.data(), offsets, E, Fe, C);
+    float* ye = ep ? moe_dyr_.f32() : m.ye.f32();
+    k::grouped_linear_forward(ye, m.act.f32(), W2.data(), eoff, El, Fe, C);
+    if (ep) moe_return(m, ye, m.ye.f32());
     if (S > 0) {
         k::linear_forward(m.sh_h.f32(), x, P(p.shared_fc_w), nullptr, N, C, S * fw);
         if (gpt2) {
@@ -219,7 +292,11 @@ void Transformer::moe_backward(int l, const LayerActs& a, const float* x, const 
                   S = spec_.n_shared_expert;
     const int64_t* offsets = m.offsets.data<int64_t>();
     const int32_t* slot = m.slot.data<int32_t>();
-    const int64_t M = offsets[E];
+    const bool ep = shard_.ep_size > 1;
+    const int64_t El = E / shard_.ep_size;
+    const int64_t R = ep ? m.local_offsets[size_t(El)] : offsets[E];
+    const float* xe = ep ? m.xr.f32() : m.xg.f32();
+    const int64_t* eoff = ep ? m.local_offsets.data() : offsets;
     float* dx = dnorm_.f32();  // (N, C) the gradient of the block's normed input
     if (S > 0) {
         k::linear_backward(moe_dsh_act_.f32(), G(p.shared_fc2_w), nullptr, dy, m.sh_act.f32(),
@@ -234,9 +311,9 @@ void Transformer::moe_backward(int l, const LayerActs& a, const float* x, const 
     } else {
         std::fill_n(dx, N * C, 0.0f);
     }
-    std::vector<const float*> W1(static_cast<size_t>(E)), W2(static_cast<size_t>(E));
-    std::vector<float*> dW1(static_cast<size_t>(E)), dW2(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e) {
+    std::vector<const float*> W1(static_cast<size_t>(El)), W2(static_cast<size_t>(El));
+    std::vector<float*> dW1(static_cast<size_t>(El)), dW2(static_cast<size_t>(El));
+    for (int64_t e = 0; e < El; ++e) {
         W1[size_t(e)] = P(p.expert_fc_w[size_t(e)]);
         W2[size_t(e)] = P(p.expert_fc2_w[size_t(e)]);
         dW1[size_t(e)] = G(p.expert_fc_w[size_t(e)]);
@@ -244,16 +321,23 @@ void Transformer::moe_backward(int l, const LayerActs& a, const float* x, const 
     }
     float* dye = moe_dye_.f32();
     k::moe_combine_backward(dye, moe_dgate_.f32(), dy, m.ye.f32(), slot, m.gate.f32(), N, K, C);
-    k::grouped_linear_backward(moe_dact_.f32(), dW2.data(), dye, m.act.f32(), W2.data(), offsets,
-                               E, Fe, C);
-    if (gpt2) {
-        k::gelu_backward(moe_dh_.f32(), m.h.f32(), moe_dact_.f32(), M * Fe);
-    } else {
-        k::swiglu_backward(moe_dh_.f32(), moe_dact_.f32(), m.h.f32(), M, Fe);
+    // The expert side: the outputs' gradients where the experts are.
+    float* dyr = dye;
+    if (ep) {
+        dyr = moe_dyr_.f32();
+        moe_send(m, dye, dyr);
     }
-    float* dxg = moe_dye_.f32();  // dye is dead from here
-    k::grouped_linear_backward(dxg, dW1.data(), moe_dh_.f32(), m.xg.f32(), W1.data(), offsets, E,
-                               C, fw);
+    k::grouped_linear_backward(moe_dact_.f32(), dW2.data(), dyr, m.act.f32(), W2.data(), eoff, El,
+                               Fe, C);
+    if (gpt2) {
+        k::gelu_backward(moe_dh_.f32(), m.h.f32(), moe_dact_.f32(), R * Fe);
+    } else {
+        k::swiglu_backward(moe_dh_.f32(), moe_dact_.f32(), m.h.f32(), R, Fe);
+    }
+    float* dxr = dyr;  // dyr is dead from here
+    k::grouped_linear_backward(dxr, dW1.data(), moe_dh_.f32(), xe, W1.data(), eoff, El, C, fw);
+    float* dxg = moe_dye_.f32();
+    if (ep) moe_return(m, dxr, dxg);
     k::moe_gather_backward(dx, dxg, slot, N, K, C);
 
     // The router: the gates' gradient plus the two losses, scaled as the
@@ -281,6 +365,52 @@ void Transformer::moe_backward(int l, const LayerActs& a, const float* x, const 
     st.aux_sum += m.losses.aux;
     st.z_sum += m.losses.z;
     st.batches += 1;
+}
+
+int64_t Transformer::moe_dispatch(MoeActs& m) {
+    APIARY_CHECK(ep_ != nullptr && ep_->size() == shard_.ep_size,
+                 "expert parallelism over {} ranks without its communicator", shard_.ep_size);
+    const int ep = shard_.ep_size;
+    const int64_t E = spec_.n_expert, El = E / ep;
+    const int64_t* offsets = m.offsets.data<int64_t>();
+    // Rows per expert, exchanged first: rank j gets the counts of its El.
+    std::vector<int64_t> counts(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) counts[size_t(e)] = offsets[e + 1] - offsets[e];
+    m.recv_counts.assign(size_t(ep * El), 0);
+    ep_->all_to_all_counts(counts.data(), m.recv_counts.data(), El);
+    m.send_rows.assign(size_t(ep), 0);
+    m.recv_rows.assign(size_t(ep), 0);
+    for (int j = 0; j < ep; ++j) {
+        m.send_rows[size_t(j)] = offsets[(j + 1) * El] - offsets[j * El];
+        for (int64_t le = 0; le < El; ++le) {
+            m.recv_rows[size_t(j)] += m.recv_counts[size_t(j * El + le)];
+        }
+    }
+    m.local_offsets.assign(size_t(El + 1), 0);
+    for (int64_t le = 0; le < El; ++le) {
+        int64_t rows = 0;
+        for (int s = 0; s < ep; ++s) rows += m.recv_counts[size_t(s * El + le)];
+        m.local_offsets[size_t(le + 1)] = m.local_offsets[size_t(le)] + rows;
+    }
+    const int64_t R = m.local_offsets[size_t(El)];
+    APIARY_CHECK(R <= m.xr.shape()[0], "{} rows for this rank's experts exceed the bound {}", R,
+                 m.xr.shape()[0]);
+    moe_send(m, m.xg.f32(), m.xr.f32());
+    return R;
+}
+
+void Transformer::moe_send(MoeActs& m, const float* in, float* rows) {
+    const int ep = shard_.ep_size;
+    const int64_t C = dims_.C, El = spec_.n_expert / ep;
+    ep_->all_to_all_rows(in, m.send_rows, moe_ep_buf_.f32(), m.recv_rows, C);
+    permute_rows(rows, moe_ep_buf_.f32(), m.recv_counts, ep, El, C, true);
+}
+
+void Transformer::moe_return(MoeActs& m, const float* rows, float* out) {
+    const int ep = shard_.ep_size;
+    const int64_t C = dims_.C, El = spec_.n_expert / ep;
+    permute_rows(moe_ep_buf_.f32(), rows, m.recv_counts, ep, El, C, false);
+    ep_->all_to_all_rows(moe_ep_buf_.f32(), m.recv_rows, out, m.send_rows, C);
 }
 
 }  // namespace apiary::model

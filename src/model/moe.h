@@ -2,6 +2,9 @@
 // Internal to model/: what a mixture-of-experts block saves between its
 // forward and backward (model/moe.cc).
 
+#include <cstdint>
+#include <vector>
+
 #include "core/tensor.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
@@ -20,7 +23,14 @@ struct Transformer::MoeActs {
     core::Tensor offsets;        // (E + 1) int64
     core::Tensor routed, dropped;  // (E) int64
     core::Tensor xg;               // (N K, C) the routed copies of the block's normed input
-    core::Tensor h, act;           // (N K, fw), (N K, Fe)
+    // Expert parallelism (ep > 1): the rows this rank's El = E / ep experts
+    // received, expert-major (local expert, then source rank). R_max bounds
+    // them: ep x min(N K, El x capacity). With ep = 1 the experts read xg.
+    core::Tensor xr;                       // (R_max, C)
+    std::vector<int64_t> send_rows, recv_rows;  // (ep) rows to / from each ep rank
+    std::vector<int64_t> recv_counts;      // (ep El) rows from rank s for local expert le
+    std::vector<int64_t> local_offsets;    // (El + 1) each local expert's rows in xr
+    core::Tensor h, act;           // (R_max, fw), (R_max, Fe); R_max = N K with ep = 1
     core::Tensor ye;               // (N K, C) expert outputs before the gates
     core::Tensor sh_h, sh_act;     // (N, S fw), (N, S Fe) shared experts
     kernels::MoeLosses losses;

@@ -44,6 +44,9 @@ struct ParamInfo {
     // The last pipeline stage's copy of a tied embedding: same values as the
     // first stage's, gradients summed across the two.
     bool tied_copy = false;
+    // A routed expert's weight (MoE blocks): under expert parallelism held
+    // by the dp / ep ranks of one expert shard only, reduced over those.
+    bool expert = false;
     Init init = Init::normal;
 
     int64_t numel() const;

@@ -50,7 +50,9 @@ void Transformer::allocate_activations() {
     // One block's activations; `keep` says which ones this mode stores per
     // micro-batch, the others point at the shared work set.
     enum Part { always, attention_core, other };
-    auto layout = [&](LayerActs& a, bool shared) {
+    // An MoE block reads its normed input in fp32 in backward (its experts
+    // compute in fp32 in every mode): never the transient region.
+    auto layout = [&](LayerActs& a, bool shared, bool moe) {
         // What this mode keeps per micro-batch; the rest lives once, in the
         // shared work set, where backward recomputes it.
         auto kept = [&](Part part) {
@@ -82,7 +84,7 @@ void Transformer::allocate_activations() {
         a.atty = f32(N * Cl, attention_core, work_.atty, tr);
         a.lse = f32(max_B_ * NH * max_T_, attention_core, work_.lse, -1);
         a.res2 = f32(n * C, other, work_.res2, -1);
-        a.norm2 = f32(N * C, other, work_.norm2, tr);
+        a.norm2 = f32(N * C, other, work_.norm2, moe ? -1 : tr);
         a.norm2_mean = f32(n, other, work_.norm2_mean, -1);
         a.norm2_rstd = f32(n, other, work_.norm2_rstd, -1);
         a.fc = f32(N * fc_width, other, work_.fc, -1);
@@ -94,13 +96,17 @@ void Transformer::allocate_activations() {
         a.norm2_h = bf(N * C, other, work_.norm2_h);
         a.fc_act_h = bf(N * F, other, work_.fc_act_h);
     };
-    if (shard_.recompute != core::Recompute::none) layout(work_, true);
+    bool any_moe = false;
+    for (int l : local_layers_) any_moe = any_moe || spec_.moe_layer(l);
+    if (shard_.recompute != core::Recompute::none) layout(work_, true, any_moe);
     for (auto& c : chunks_) {
         c.slots.resize(size_t(shard_.slots));
         for (auto& s : c.slots) {
             s.input = take(n * C);
             s.layers.resize(c.layers.size());
-            for (auto& a : s.layers) layout(a, false);
+            for (size_t j = 0; j < c.layers.size(); ++j) {
+                layout(s.layers[j], false, spec_.moe_layer(c.layers[j]));
+            }
             if (c.embedding) s.tokens.resize(size_t(N));
         }
     }

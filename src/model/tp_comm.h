@@ -8,6 +8,7 @@
 // calls it. Every call blocks until its result is in place.
 
 #include <cstdint>
+#include <vector>
 
 namespace apiary::model {
 
@@ -26,6 +27,25 @@ class TensorParallelComm {
     // full (size * rows, cols) summed over ranks; rank r receives block r.
     virtual void reduce_scatter_rows(const float* full, float* local, int64_t rows,
                                      int64_t cols) = 0;
+};
+
+// The all-to-alls of expert parallelism, as an MoE block calls them
+// (model/moe.cc): token rows go to the rank that holds their expert and the
+// results come back. parallel/ implements it over the ep process group; an
+// ep size of 1 never calls it. Every call blocks until its result is in place.
+class ExpertParallelComm {
+  public:
+    virtual ~ExpertParallelComm() = default;
+    virtual int size() const = 0;
+    virtual int rank() const = 0;
+    // Block j (per_rank counts) of send goes to rank j; block i of recv
+    // (size * per_rank) comes from rank i.
+    virtual void all_to_all_counts(const int64_t* send, int64_t* recv, int64_t per_rank) = 0;
+    // send_rows[j] rows of `cols` floats go to rank j, recv_rows[i] come from
+    // rank i; blocks back to back in rank order.
+    virtual void all_to_all_rows(const float* send, const std::vector<int64_t>& send_rows,
+                                 float* recv, const std::vector<int64_t>& recv_rows,
+                                 int64_t cols) = 0;
 };
 
 }  // namespace apiary::model

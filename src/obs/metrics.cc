@@ -24,6 +24,7 @@ struct MetricsServer::State {
     std::mutex mu;
     StepValues v;
     std::string rank, run;
+    std::string host;  // gethostname(): which machine this rank is on
     const Sensors* sensors = nullptr;
     // Cumulative over the run.
     double phase_totals[5] = {0, 0, 0, 0, 0};
@@ -101,7 +102,7 @@ class Builder {
     std::vector<MetricFamily> families_;
 };
 
-void add_step(Builder& b, const StepValues& v) {
+void add_step(Builder& b, const StepValues& v, const std::string& host) {
     b.gauge("apiary_step", "last completed optimizer step", v.step);
     b.gauge("apiary_loss", "training loss of the last step (nats/token, global batch)", v.loss);
     if (v.eval_loss >= 0)
@@ -124,9 +125,10 @@ void add_step(Builder& b, const StepValues& v) {
             "this rank's time in the last step not spent waiting on other ranks", v.busy_s);
     b.gauge("apiary_busy_seconds_slowest_rank", "the busiest rank's busy seconds", v.busy_max_s);
     b.gauge("apiary_busy_seconds_fastest_rank", "the least busy rank's busy seconds", v.busy_min_s);
+    // With the host: the straggler's series names the machine to look at.
     b.gauge("apiary_straggler_ratio",
             "this rank's busy seconds over the least busy rank's (1: not a straggler)",
-            v.busy_min_s > 0 ? v.busy_s / v.busy_min_s : NAN);
+            v.busy_min_s > 0 ? v.busy_sent_s / v.busy_min_s : NAN, {{"host", host}});
     b.gauge("apiary_last_step_timestamp_seconds", "unix time the last step ended",
             v.last_step_unix_s);
     b.gauge("apiary_health_unhealthy", "1 while this rank's sensors are over their limits",
@@ -194,8 +196,10 @@ class Collector : public prometheus::Collectable {
         std::lock_guard<std::mutex> lock(s_->mu);
         Builder b(s_->rank, s_->run);
         b.gauge("apiary_up", "1 while the rank's trainer runs", 1.0);
+        b.gauge("apiary_rank_info", "1; the host label names the machine this rank runs on", 1.0,
+                {{"host", s_->host}});
         b.gauge("apiary_start_timestamp_seconds", "unix time the run started", s_->start_unix_s);
-        if (s_->v.step > 0) add_step(b, s_->v);
+        if (s_->v.step > 0) add_step(b, s_->v, s_->host);
         for (const MoeLoad& m : s_->moe) {
             const std::string layer = std::to_string(m.layer);
             for (size_t e = 0; e < m.tokens.size(); ++e) {
@@ -245,6 +249,9 @@ MetricsServer::MetricsServer(const std::string& address, int port, int rank, con
     : state_(std::make_shared<State>()), port_(port) {
     state_->rank = std::to_string(rank);
     state_->run = run;
+    char host[256] = "";
+    ::gethostname(host, sizeof(host) - 1);
+    state_->host = host;
     state_->sensors = sensors;
     state_->start_unix_s = unix_now();
     const std::string where = fmt::format("{}:{}", address, port);

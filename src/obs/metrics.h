@@ -37,6 +37,9 @@ struct StepValues {
     double forward_s = 0, backward_s = 0, optimizer_s = 0, exposed_comm_s = 0, data_wait_s = 0;
     // This rank's busy time (not waiting on peers) and the extremes over ranks.
     double busy_s = 0, busy_max_s = 0, busy_min_s = 0;
+    // The busy seconds this rank sent with this step's scalars (its previous
+    // step's): the extremes are over those, so the straggler ratio uses it.
+    double busy_sent_s = 0;
     double last_step_unix_s = 0;
     int health_level = 0;  // this rank
     int job_health = 0;    // the worst rank

@@ -1,6 +1,7 @@
 #include "obs/observer.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -121,6 +122,9 @@ void RunObserver::write_trace() {
     m.sync_ns = sync_ns_;
     m.sync_unix_ns = sync_unix_ns_;
     m.run = run_name_;
+    char host[256] = "";
+    ::gethostname(host, sizeof(host) - 1);
+    m.host = host;
     const std::string path =
         (fs::path(run_dir_) / "trace" / fmt::format("rank_{:05d}.json", rank_)).string();
     write_trace_file(path, m, core::trace::take());
@@ -166,7 +170,10 @@ void RunObserver::apply_health(const StepReport& r) {
 }
 
 AfterStep RunObserver::after_step(const StepReport& r) {
-    // Time spent waiting on other ranks says nothing about this one.
+    // Time spent waiting on other ranks says nothing about this one. The
+    // step's extremes are over the busy times sent with it (the previous
+    // step's), as this rank's was.
+    const double sent_s = busy_s_;
     busy_s_ = std::max(0.0, r.step_s - r.exposed_comm_s);
     if (metrics_) {
         StepValues v;
@@ -185,6 +192,7 @@ AfterStep RunObserver::after_step(const StepReport& r) {
         v.exposed_comm_s = r.exposed_comm_s;
         v.data_wait_s = r.data_wait_s;
         v.busy_s = busy_s_;
+        v.busy_sent_s = sent_s;
         v.busy_max_s = r.busy_max_s;
         v.busy_min_s = r.busy_min_s;
         v.last_step_unix_s = double(unix_ns()) * 1e-9;

@@ -17,9 +17,11 @@ void write_sd_targets(const std::string& path, const std::string& run,
                       const std::vector<ScrapeTarget>& targets) {
     nlohmann::json groups = nlohmann::json::array();
     for (const auto& t : targets) {
-        groups.push_back(
-            {{"targets", {fmt::format("{}:{}", t.host, t.port)}},
-             {"labels", {{"apiary_run", run}, {"apiary_rank", std::to_string(t.rank)}}}});
+        groups.push_back({{"targets", {fmt::format("{}:{}", t.host, t.port)}},
+                          {"labels",
+                           {{"apiary_run", run},
+                            {"apiary_rank", std::to_string(t.rank)},
+                            {"apiary_host", t.host}}}});
     }
     const fs::path p(path);
     std::error_code ec;

@@ -13,7 +13,8 @@ struct ScrapeTarget {
     int rank = 0;
 };
 
-// [{"targets": ["host:port"], "labels": {"apiary_run": run, "apiary_rank": "r"}}, ...],
+// [{"targets": ["host:port"], "labels": {"apiary_run": run, "apiary_rank": "r",
+// "apiary_host": host}}, ...],
 // written atomically (Prometheus may read it at any moment).
 void write_sd_targets(const std::string& path, const std::string& run,
                       const std::vector<ScrapeTarget>& targets);

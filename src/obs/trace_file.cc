@@ -95,7 +95,9 @@ void write_trace_file(const std::string& path, const TraceMeta& m,
     events.push_back({{"name", "process_name"},
                       {"ph", "M"},
                       {"pid", m.rank},
-                      {"args", {{"name", fmt::format("rank {}", m.rank)}}}});
+                      {"args",
+                       {{"name", m.host.empty() ? fmt::format("rank {}", m.rank)
+                                                : fmt::format("rank {} ({})", m.rank, m.host)}}}});
     events.push_back({{"name", "process_sort_index"},
                       {"ph", "M"},
                       {"pid", m.rank},
@@ -118,7 +120,8 @@ void write_trace_file(const std::string& path, const TraceMeta& m,
                   {"last_step", m.last_step},
                   {"sync_monotonic_ns", m.sync_ns},
                   {"sync_unix_ns", m.sync_unix_ns},
-                  {"run", m.run}}}};
+                  {"run", m.run},
+                  {"host", m.host}}}};
     write_atomically(path, doc.dump());
 }
 
@@ -165,6 +168,7 @@ RankTrace read_trace(const std::string& path) {
         t.meta.sync_ns = o.at("sync_monotonic_ns").get<int64_t>();
         t.meta.sync_unix_ns = o.at("sync_unix_ns").get<int64_t>();
         t.meta.run = o.value("run", "");
+        t.meta.host = o.value("host", "");
     } catch (const json::exception& e) {
         bad(path, fmt::format("otherData is incomplete ({})", e.what()));
     }
@@ -217,6 +221,7 @@ std::string merge_traces(const std::string& run_dir, const std::string& out) {
         json doc = json::parse(in);
         for (auto& e : doc["traceEvents"]) events.push_back(std::move(e));
         ranks.push_back({{"rank", t.meta.rank},
+                         {"host", t.meta.host},
                          {"file", fs::path(f).filename().string()},
                          {"sync_unix_ns", t.meta.sync_unix_ns}});
     }

@@ -24,6 +24,7 @@ struct TraceMeta {
     int64_t sync_ns = 0;                    // CLOCK_MONOTONIC at the barrier
     int64_t sync_unix_ns = 0;               // wall clock at the barrier
     std::string run;
+    std::string host;  // the rank's hostname ("" in traces written before it was recorded)
 };
 
 // Writes the file whole or not at all (temporary name, then rename).

@@ -161,6 +161,7 @@ TraceSummary summarize(const std::vector<RankTrace>& ranks) {
             *v /= n;
         }
         s.ranks.push_back({t.meta.rank, p});
+        s.hosts.push_back(t.meta.host);
         for (auto& [name, l] : r.layers) {
             LayerSplit& acc = layers[name];
             acc.name = name;
@@ -179,6 +180,18 @@ TraceSummary summarize(const std::vector<RankTrace>& ranks) {
     }
     std::sort(s.layers.begin(), s.layers.end(),
               [](const LayerSplit& a, const LayerSplit& b) { return a.order < b.order; });
+    if (s.ranks.size() > 1) {
+        const auto busy = [&](size_t i) {
+            return std::max(0.0, s.ranks[i].second.step - s.ranks[i].second.exposed_comm);
+        };
+        size_t hi = 0, lo = 0;
+        for (size_t i = 1; i < s.ranks.size(); ++i) {
+            if (busy(i) > busy(hi)) hi = i;
+            if (busy(i) < busy(lo)) lo = i;
+        }
+        s.straggler = {s.ranks[hi].first, s.ranks[lo].first, s.hosts[hi],
+                       s.hosts[lo],       busy(hi),          busy(lo)};
+    }
     return s;
 }
 
@@ -209,6 +222,14 @@ std::string format_summary(const TraceSummary& s) {
             ms_pct(p.data_wait, p.step), ms_pct(p.optimizer, p.step), ms_pct(p.checkpoint, p.step),
             ms_pct(p.eval, p.step), ms_pct(p.idle, p.step), ratio(p.comm, p.compute));
     }
+    if (const Straggler& g = s.straggler; g.rank >= 0) {
+        const auto on = [](const std::string& h) { return h.empty() ? "" : " on " + h; };
+        out += fmt::format(
+            "\nslowest rank: {}{}, busy {:.2f} ms per step (the step less its exposed comm), "
+            "{:.2f}x rank {}{} (the least busy, {:.2f} ms)\n",
+            g.rank, on(g.host), 1e3 * g.busy, g.ratio(), g.fastest_rank, on(g.fastest_host),
+            1e3 * g.fastest_busy);
+    }
     out += fmt::format(
         "\nper layer (forward + backward; milliseconds per step, mean over the ranks that run "
         "it)\n{:<12} {:>6} {:>10} {:>13} {:>10} {:>11}\n",
@@ -223,8 +244,10 @@ std::string format_summary(const TraceSummary& s) {
 
 std::string summary_json(const TraceSummary& s) {
     nlohmann::json ranks = nlohmann::json::array(), layers = nlohmann::json::array();
-    for (const auto& [rank, p] : s.ranks) {
+    for (size_t i = 0; i < s.ranks.size(); ++i) {
+        const auto& [rank, p] = s.ranks[i];
         ranks.push_back({{"rank", rank},
+                         {"host", s.hosts[i]},
                          {"steps", p.steps},
                          {"step_s", p.step},
                          {"compute_s", p.compute},
@@ -244,11 +267,20 @@ std::string summary_json(const TraceSummary& s) {
                           {"exposed_comm_s", l.exposed_comm},
                           {"comm_s", l.comm}});
     }
-    return nlohmann::json{{"first_step", s.first_step},
-                          {"last_step", s.last_step},
-                          {"ranks", ranks},
-                          {"layers", layers}}
-        .dump(2);
+    nlohmann::json doc{{"first_step", s.first_step},
+                       {"last_step", s.last_step},
+                       {"ranks", ranks},
+                       {"layers", layers}};
+    if (const Straggler& g = s.straggler; g.rank >= 0) {
+        doc["straggler"] = {{"rank", g.rank},
+                            {"host", g.host},
+                            {"busy_s", g.busy},
+                            {"fastest_rank", g.fastest_rank},
+                            {"fastest_host", g.fastest_host},
+                            {"fastest_busy_s", g.fastest_busy},
+                            {"ratio", g.ratio()}};
+    }
+    return doc.dump(2);
 }
 
 }  // namespace apiary::obs

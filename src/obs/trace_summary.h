@@ -37,10 +37,22 @@ struct LayerSplit {
     double compute = 0, exposed_comm = 0, comm = 0;  // seconds per step, mean over those ranks
 };
 
+// The busiest rank against the least busy one, busy being a step less its
+// exposed communication (the time a rank did not wait on the others; as
+// the apiary_straggler_ratio gauge counts it). Only with 2 ranks or more.
+struct Straggler {
+    int rank = -1, fastest_rank = -1;
+    std::string host, fastest_host;     // "" when the traces do not say
+    double busy = 0, fastest_busy = 0;  // seconds per step
+    double ratio() const { return fastest_busy > 0 ? busy / fastest_busy : 0; }
+};
+
 struct TraceSummary {
     int64_t first_step = 0, last_step = 0;
     std::vector<std::pair<int, PhaseSplit>> ranks;  // (rank, seconds per step)
+    std::vector<std::string> hosts;                 // of ranks[i]
     std::vector<LayerSplit> layers;
+    Straggler straggler;  // rank -1: one rank
 };
 
 TraceSummary summarize(const std::vector<RankTrace>& ranks);

@@ -20,16 +20,23 @@ const char* state_name(StateKind kind) {
 DataParallel::DataParallel(comm::ProcessGroup& group, model::Transformer& model,
                            const DataParallelOptions& o,
                            std::function<void(int, float*)> before_reduce)
-    : group_(group), model_(model), zero_(group.size() == 1 ? 0 : o.zero_stage) {
+    : group_(group),
+      model_(model),
+      experts_(o.experts),
+      zero_(group.size() == 1 ? 0 : o.zero_stage) {
     check_zero_stage(zero_);
+    APIARY_CHECK(experts_.ep == 1 || (experts_.edp && zero_ <= 1),
+                 "expert parallelism over {} ranks at ZeRO stage {}", experts_.ep, zero_);
     if (group_.size() == 1) {
         sync_ = std::make_unique<LocalSync>();
     } else {
-        if (zero_ >= 1) shards_ = std::make_unique<DpShards>(group_, model_);
+        if (zero_ >= 1) shards_ = std::make_unique<DpShards>(group_, model_, experts_);
         if (zero_ == 0) {
-            sync_ = std::make_unique<AllReduceSync>(group_, model_, o.bucket_mb, o.bf16_wire);
+            sync_ = std::make_unique<AllReduceSync>(group_, model_, o.bucket_mb, o.bf16_wire,
+                                                    experts_);
         } else if (zero_ == 1) {
-            sync_ = std::make_unique<ReduceScatterSync>(group_, model_, *shards_, o.bf16_wire);
+            sync_ = std::make_unique<ReduceScatterSync>(group_, model_, *shards_, o.bf16_wire,
+                                                        experts_);
         } else {
             auto store = std::make_unique<ShardedStore>(group_, model_, *shards_, zero_,
                                                         o.bf16_wire);
@@ -39,10 +46,14 @@ DataParallel::DataParallel(comm::ProcessGroup& group, model::Transformer& model,
         }
     }
     // Every rank saves the r-th equal piece of each unit (units are padded
-    // to shard_multiple(dp)): at stages 1-3 exactly its ZeRO pieces.
-    const int dp = group_.size(), r = group_.rank();
+    // to shard_multiple(dp)): at stages 1-3 exactly its ZeRO pieces. An
+    // expert unit (ep > 1) is split over the ranks holding those experts
+    // (the edp group), so that each expert is saved once.
     int64_t packed = 0;
     for (const auto& u : model_.units()) {
+        const bool ex = u.expert && experts_.edp;
+        const int dp = ex ? experts_.edp->size() : group_.size();
+        const int r = ex ? experts_.edp->rank() : group_.rank();
         const int64_t count = u.size() / dp;
         saved_.push_back({u.begin + count * r, u.begin + count * (r + 1)});
         saved_packed_.push_back(packed);
@@ -63,7 +74,9 @@ void DataParallel::build_optimizer(const DataParallelOptions& o) {
     auto counted = [&](const model::ParamInfo& e) {
         if (e.tied_copy || frozen(e)) return false;
         if (o.tp_rank != 0 && !e.split()) return false;
-        return zero_ > 0 || group_.rank() == 0;
+        // Whole on every rank: the first of the group that holds it counts it.
+        const bool ex = e.expert && experts_.edp;
+        return zero_ > 0 || (ex ? experts_.edp->rank() : group_.rank()) == 0;
     };
     std::vector<optim::ParamRange> ranges;
     if (zero_ == 0) {

@@ -41,6 +41,8 @@ struct DataParallelOptions {
     // This rank's tensor-parallel rank: tensors every tensor-parallel rank
     // holds whole count in the gradient norm on rank 0 only.
     int tp_rank = 0;
+    // Expert parallelism: the group that replicates this rank's experts.
+    ExpertGroups experts;
 };
 
 // A range [begin, end) of flat offsets of the model shard.
@@ -106,6 +108,7 @@ class DataParallel {
 
     comm::ProcessGroup& group_;
     model::Transformer& model_;
+    ExpertGroups experts_;
     int zero_ = 0;
     std::unique_ptr<DpShards> shards_;  // stages 1-3
     std::unique_ptr<GradSync> sync_;

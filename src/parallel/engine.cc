@@ -54,6 +54,14 @@ Engine::Engine(const core::ModelSpec& spec, const ParallelLayout& layout, comm::
         has_tied_ = end;
     }
     tp_ = std::make_unique<TpComm>(mesh_->tp());
+    const int ep = layout_.ep;
+    if (ep > 1) {
+        // ep consecutive dp ranks exchange tokens; every ep-th holds the
+        // same experts.
+        ep_group_ = mesh_->dp().split(coord_.dp / ep, coord_.dp % ep, "ep");
+        edp_group_ = mesh_->dp().split(coord_.dp % ep, coord_.dp / ep, "edp");
+    }
+    ep_ = std::make_unique<EpComm>(ep_group_ ? *ep_group_ : mesh_->dp());
     const PipelineSchedule kind = p == 1 ? PipelineSchedule::one_f_one_b : layout_.schedule;
     ops_ = pipeline_schedule(kind, p, coord_.pp, layout_.microbatches, layout_.virtual_stages);
 
@@ -65,6 +73,7 @@ Engine::Engine(const core::ModelSpec& spec, const ParallelLayout& layout, comm::
     mo.shard.slots = slots_needed(ops_);
     model_ = std::make_unique<model::Transformer>(spec_, max_B, max_T, mo);
     model_->set_tp_comm(tp_.get());
+    model_->set_ep_comm(ep > 1 ? ep_.get() : nullptr);
     if (has_tied_) {
         tied_entry_ = model_->registry().index_of(
             spec_.arch == core::Arch::gpt2 ? "wte.weight" : "model.embed_tokens.weight");
@@ -85,6 +94,7 @@ Engine::Engine(const core::ModelSpec& spec, const ParallelLayout& layout, comm::
     d.adamw = o.adamw;
     d.freeze = o.freeze;
     d.tp_rank = coord_.tp;
+    d.experts = {edp_group_.get(), ep};
     dp_ = std::make_unique<DataParallel>(mesh_->dp(), *model_, d,
                                          [this](int u, float* g) { reduce_tp_partial(u, g); });
 }
@@ -97,6 +107,7 @@ Engine::~Engine() {
     if (model_) {
         model_->set_grad_ready_hook(nullptr);
         model_->set_tp_comm(nullptr);
+        model_->set_ep_comm(nullptr);
     }
 }
 
@@ -164,11 +175,11 @@ void Engine::forward_op(const PipeOp& op, const int32_t* rows, int64_t B, int64_
     if (j == 0) unpack(rows, op.micro, B, T);
     if (j > 0) recv(io_.f32(), n, (s - 1 + p) % p, activation_tag(op.chunk));
     const auto t0 = Clock::now();
-    const double tp0 = tp_->seconds();
+    const double tp0 = tp_->seconds() + ep_->seconds();  // communication inside the op
     model_->forward(op.chunk, slot, tokens_.data(), j > 0 ? io_.f32() : nullptr, B, T);
     const double dt = seconds_since(t0);
     times_.compute += dt;
-    times_.forward += dt - (tp_->seconds() - tp0);
+    times_.forward += dt - (tp_->seconds() + ep_->seconds() - tp0);
     times_.forward_op += dt;
     times_.forward_ops += 1;
     if (j < last) {
@@ -189,9 +200,10 @@ void Engine::backward_op(const PipeOp& op, const int32_t* rows, int64_t B, int64
         model_->set_grad_ready_hook([this](int64_t from) { on_grads_ready(from); });
     }
     if (j < last) recv(io_.f32(), n, (s + 1) % p, gradient_tag(op.chunk));
+    model_->set_loss_grad_scale(grad_scale);
     dp_->sync().set_in_backward(true);
     const auto t0 = Clock::now();
-    const double tp0 = tp_->seconds();
+    const double tp0 = tp_->seconds() + ep_->seconds();  // communication inside the op
     if (j == last) {
         unpack(rows, op.micro, B, T);
         const model::LossResult r = model_->head_loss(op.chunk, slot, targets_.data(), &grad_scale);
@@ -204,7 +216,7 @@ void Engine::backward_op(const PipeOp& op, const int32_t* rows, int64_t B, int64
     dp_->sync().set_in_backward(false);
     const double dt = seconds_since(t0);
     times_.compute += dt;
-    times_.backward += dt - (tp_->seconds() - tp0);
+    times_.backward += dt - (tp_->seconds() + ep_->seconds() - tp0);
     times_.backward_op += dt;
     times_.backward_ops += 1;
     model_->set_grad_ready_hook(nullptr);
@@ -310,6 +322,7 @@ StepResult Engine::train_step(const int32_t* rows, int64_t n_rows, int64_t T, do
     times_ = StepTimes{};
     pp_bytes_ = 0;
     tp_->reset_counters();
+    ep_->reset_counters();
     dp_->begin_step();
     std::fill(tp_fixed_.begin(), tp_fixed_.end(), false);
 
@@ -326,7 +339,8 @@ StepResult Engine::train_step(const int32_t* rows, int64_t n_rows, int64_t T, do
     APIARY_TRACE("optimizer", core::trace::Kind::optimizer);
     times_.dp_exposed = dp_->sync().exposed_seconds();
     times_.tp_comm = tp_->seconds();
-    times_.compute -= times_.tp_comm;
+    times_.ep_comm = ep_->seconds();
+    times_.compute -= times_.tp_comm + times_.ep_comm;
     if (times_.forward_ops) times_.forward_op /= times_.forward_ops;
     if (times_.backward_ops) times_.backward_op /= times_.backward_ops;
 

@@ -74,6 +74,7 @@ struct StepTimes {
     double compute = 0;     // forward and backward ops (communication inside them counted apart)
     double tp_comm = 0;     // tensor-parallel collectives (inside forward / backward)
     double pp_wait = 0;     // waiting for a pipeline neighbour's message
+    double ep_comm = 0;     // expert-parallel all-to-alls (inside forward / backward)
     double dp_exposed = 0;  // data-parallel communication not hidden behind backward
     double optimizer = 0;   // norm, scaler, AdamW, parameter gather
     // compute split into forward and backward ops (the head's loss and
@@ -151,9 +152,10 @@ class Engine {
     int world_rank() const { return world_->rank(); }
     // Bytes this rank sent or received per step, by kind (last step).
     double tp_bytes() const { return tp_->bytes(); }
+    double ep_bytes() const { return ep_->bytes(); }
     double pp_bytes() const { return pp_bytes_; }
     double exposed_comm_seconds() const {
-        return times_.dp_exposed + times_.tp_comm + times_.pp_wait;
+        return times_.dp_exposed + times_.tp_comm + times_.ep_comm + times_.pp_wait;
     }
     int num_buckets() const { return dp_->sync().num_buckets(); }
     // The last step's data-parallel reductions, and those started inside
@@ -194,6 +196,10 @@ class Engine {
     comm::MeshCoord coord_;
     std::shared_ptr<comm::ProcessGroup> tied_group_;  // first and last stage (tied embeddings)
     std::unique_ptr<TpComm> tp_;
+    // Expert parallelism: the ep group (token all-to-alls) and the edp group
+    // (the ranks that hold the same experts); null without it.
+    std::shared_ptr<comm::ProcessGroup> ep_group_, edp_group_;
+    std::unique_ptr<EpComm> ep_;
     std::unique_ptr<model::Transformer> model_;
     std::unique_ptr<DataParallel> dp_;
     optim::LossScaler scaler_;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <numeric>
 
 #include "core/error.h"
 #include "core/stage_split.h"
@@ -25,6 +26,43 @@ std::string divisors(int64_t n, int64_t limit = 64) {
         if (n % d == 0) s += fmt::format("{}{}", s.empty() ? "" : ", ", d);
     }
     return s;
+}
+
+// Every refusal names the key, the value and what would work.
+void check_expert_parallel(const ParallelLayout& l, const core::ModelSpec& spec) {
+    const int ep = l.ep, dp = l.mesh.dp;
+    if (ep == 1) return;
+    if (!spec.moe()) {
+        throw ConfigError(fmt::format(
+            "parallel.ep = {} needs a mixture-of-experts model (model.n_expert > 0); this model "
+            "is dense: set parallel.ep = 1",
+            ep));
+    }
+    if (spec.n_expert % ep != 0) {
+        throw ConfigError(fmt::format(
+            "parallel.ep = {} does not divide model.n_expert = {}: every expert-parallel rank "
+            "holds the same number of experts; ep can be {} (within the data-parallel ranks)",
+            ep, spec.n_expert, divisors(std::gcd(spec.n_expert, dp))));
+    }
+    if (dp % ep != 0) {
+        throw ConfigError(fmt::format(
+            "parallel.ep = {} does not divide the {} data-parallel ranks (parallel.dp): the "
+            "expert-parallel groups are carved out of them; ep can be {}",
+            ep, dp, divisors(std::gcd(spec.n_expert, dp))));
+    }
+    if (l.mesh.tp > 1) {
+        throw ConfigError(fmt::format(
+            "parallel.ep = {} with parallel.tp = {}: expert parallelism runs with data and "
+            "pipeline parallelism (not yet with tensor parallelism); set parallel.tp = 1",
+            ep, l.mesh.tp));
+    }
+    if (l.zero_stage >= 2) {
+        throw ConfigError(fmt::format(
+            "parallel.zero_stage = {} with parallel.ep = {}: expert parallelism runs with ZeRO "
+            "stages 0 and 1 (the experts' optimizer state sharded over dp / ep ranks); use "
+            "parallel.zero_stage = 1",
+            l.zero_stage, ep));
+    }
 }
 
 }  // namespace
@@ -72,6 +110,10 @@ ParallelLayout parallel_layout_from(const core::Config& c, const core::ModelSpec
             }
         }
     }
+
+    // Expert parallelism, carved out of the data-parallel ranks.
+    out.ep = int(c.get_int("parallel.ep"));
+    check_expert_parallel(out, spec);
 
     // Pipeline parallelism.
     if (out.schedule == PipelineSchedule::interleaved) {
@@ -152,7 +194,8 @@ std::string ParallelLayout::describe() const {
                            virtual_stages > 1 ? fmt::format(" x{}", virtual_stages) : "",
                            microbatches, join(counts, "+"));
     }
-    return fmt::format("dp {} x tp {} x pp {}{}{}{}{}", mesh.dp, mesh.tp, mesh.pp,
+    return fmt::format("dp {}{} x tp {} x pp {}{}{}{}{}", mesh.dp,
+                       ep > 1 ? fmt::format(" (ep {})", ep) : "", mesh.tp, mesh.pp,
                        zero_stage ? fmt::format(", zero {}", zero_stage) : "",
                        sequence_parallel ? ", sequence parallel" : "",
                        recompute != core::Recompute::none
@@ -167,6 +210,8 @@ model::ModelShard ParallelLayout::shard(const comm::MeshCoord& coord) const {
     s.tp_rank = coord.tp;
     s.sequence_parallel = sequence_parallel && mesh.tp > 1;
     s.recompute = recompute;
+    s.ep_size = ep;
+    s.ep_rank = coord.dp % ep;
     const int p = mesh.pp;
     for (int chunk = 0; chunk < virtual_stages; ++chunk) {
         s.chunks.push_back(stage_blocks[size_t(chunk * p + coord.pp)]);

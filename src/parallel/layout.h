@@ -20,6 +20,9 @@ namespace apiary::parallel {
 
 struct ParallelLayout {
     comm::MeshShape mesh;
+    // Expert parallelism: ep consecutive dp ranks share out the routed
+    // experts of every MoE block (parallel/zero.h, ExpertGroups).
+    int ep = 1;
     int zero_stage = 0;
     bool sequence_parallel = false;
     core::Recompute recompute = core::Recompute::none;

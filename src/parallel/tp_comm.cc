@@ -42,4 +42,27 @@ void TpComm::reduce_scatter_rows(const float* full, float* local, int64_t rows, 
          4.0 * double(rows * cols * size()));
 }
 
+void EpComm::all_to_all_counts(const int64_t* send, int64_t* recv, int64_t per_rank) {
+    const auto t0 = core::Clock::now();
+    APIARY_TRACE("ep all-to-all", core::trace::Kind::wait, -1, 8 * per_rank * size(), "counts");
+    group_.all_to_all(send, recv, per_rank, DType::i64, {"ep_counts", calls_++})->wait();
+    seconds_ += core::seconds_since(t0);
+}
+
+void EpComm::all_to_all_rows(const float* send, const std::vector<int64_t>& send_rows,
+                             float* recv, const std::vector<int64_t>& recv_rows, int64_t cols) {
+    std::vector<int64_t> sc(send_rows.size()), rc(recv_rows.size());
+    int64_t sent = 0;
+    for (size_t i = 0; i < sc.size(); ++i) {
+        sc[i] = send_rows[i] * cols;
+        if (int(i) != rank()) sent += sc[i];
+    }
+    for (size_t i = 0; i < rc.size(); ++i) rc[i] = recv_rows[i] * cols;
+    const auto t0 = core::Clock::now();
+    APIARY_TRACE("ep all-to-all", core::trace::Kind::wait, -1, 4 * sent, "rows");
+    group_.all_to_all_v(send, sc, recv, rc, DType::f32, {"ep_rows", calls_++})->wait();
+    seconds_ += core::seconds_since(t0);
+    bytes_ += 4.0 * double(sent);
+}
+
 }  // namespace apiary::parallel

@@ -92,16 +92,28 @@ int64_t model_state_formula(const model::Transformer& model, int zero_stage, int
 
 // ---- DpShards ----
 
-DpShards::DpShards(comm::ProcessGroup& dp, const model::Transformer& model)
-    : dp_(dp), units_(model.units()) {
-    const int n = dp.size();
-    for (const auto& u : units_) {
-        APIARY_CHECK(u.size() % shard_multiple(n) == 0,
-                     "unit [{}, {}) does not split into {} aligned pieces", u.begin, u.end, n);
-        const int64_t count = u.size() / n;
-        pieces_.push_back({u.begin + count * dp.rank(), count, packed_size_});
+DpShards::DpShards(comm::ProcessGroup& dp, const model::Transformer& model,
+                   ExpertGroups experts)
+    : dp_(dp), experts_(experts), units_(model.units()) {
+    for (int u = 0; u < int(units_.size()); ++u) {
+        const model::Unit& unit = units_[size_t(u)];
+        const comm::ProcessGroup& g = group_of(u);
+        const int n = g.size();
+        APIARY_CHECK(unit.size() % shard_multiple(n) == 0,
+                     "unit [{}, {}) does not split into {} aligned pieces", unit.begin, unit.end,
+                     n);
+        const int64_t count = unit.size() / n;
+        pieces_.push_back({unit.begin + count * g.rank(), count, packed_size_});
         packed_size_ += count;
     }
+}
+
+comm::ProcessGroup& DpShards::group_of(int u) const {
+    if (units_[size_t(u)].expert) {
+        APIARY_CHECK(experts_.edp != nullptr, "expert unit {} without an expert group", u);
+        return *experts_.edp;
+    }
+    return dp_;
 }
 
 void DpShards::pack(const float* full, float* packed) const {
@@ -117,28 +129,95 @@ void DpShards::all_gather_in_place(float* flat) {
     for (size_t u = 0; u < units_.size(); ++u) {
         const Piece& p = pieces_[u];
         if (p.count == 0) continue;
-        works.push_back(dp_.all_gather(flat + p.begin, flat + units_[u].begin, p.count, DType::f32,
-                                       {"zero_params", int64_t(u)}));
+        works.push_back(group_of(int(u)).all_gather(flat + p.begin, flat + units_[u].begin,
+                                                    p.count, DType::f32,
+                                                    {"zero_params", int64_t(u)}));
     }
     comm::wait_all(works);
+}
+
+// ---- expert units (ep > 1) ----
+
+ExpertReductions::ExpertReductions(ExpertGroups experts, model::Transformer& model,
+                                   const DpShards* shards)
+    : experts_(experts), model_(model), shards_(shards), units_(model.units()) {
+    APIARY_CHECK(experts_.edp != nullptr && experts_.ep > 1, "expert reductions without ep");
+    works_.resize(units_.size());
+    reset();
+}
+
+ExpertReductions::~ExpertReductions() { drain(works_); }
+
+int ExpertReductions::on_ready(int64_t final_from) {
+    int started = 0;
+    comm::ProcessGroup& edp = *experts_.edp;
+    while (next_ >= 0 && units_[size_t(next_)].begin >= final_from) {
+        const int u = next_--;
+        const model::Unit& unit = units_[size_t(u)];
+        if (!unit.expert || unit.size() == 0) continue;
+        float* g = model_.grads() + unit.begin;
+        kernels::scale_inplace(g, unit.size(), 1.0f / float(experts_.ep));
+        if (shards_) {
+            const auto& p = shards_->pieces()[size_t(u)];
+            works_[size_t(u)] = edp.reduce_scatter(g, model_.grads() + p.begin, p.count,
+                                                   DType::f32, comm::ReduceOp::avg,
+                                                   {"expert_grads", u});
+        } else {
+            works_[size_t(u)] = edp.all_reduce(g, unit.size(), DType::f32, comm::ReduceOp::avg,
+                                               {"expert_grads", u});
+        }
+        ++started;
+    }
+    return started;
+}
+
+double ExpertReductions::finish() {
+    on_ready(0);
+    double waited = 0;
+    for (auto& w : works_) {
+        if (!w) continue;
+        waited += wait_and_time(w);
+        w.reset();
+    }
+    return waited;
 }
 
 // ---- stage 0 ----
 
 AllReduceSync::AllReduceSync(comm::ProcessGroup& dp, model::Transformer& model, double bucket_mb,
-                             bool bf16_wire)
+                             bool bf16_wire, ExpertGroups experts)
     : dp_(dp), model_(model), bf16_wire_(bf16_wire) {
-    // Bucket boundaries fall between parameters (padding included).
+    // Bucket boundaries fall between parameters (padding included), over
+    // each run of units that are not routed experts (those reduce apart).
     const auto& entries = model.registry().entries();
-    std::vector<int64_t> sizes;
-    for (size_t i = 0; i < entries.size(); ++i) {
-        const int64_t end = i + 1 < entries.size() ? entries[i + 1].offset : model.flat_size();
-        sizes.push_back(end - entries[i].offset);
+    const auto& units = model.units();
+    std::vector<comm::BucketRange> buckets;
+    for (size_t a = 0; a < units.size();) {
+        if (units[a].expert) {
+            ++a;
+            continue;
+        }
+        size_t b = a;
+        while (b + 1 < units.size() && !units[b + 1].expert) ++b;
+        const int64_t rb = units[a].begin, re = units[b].end;
+        std::vector<int64_t> sizes;
+        for (size_t i = 0; i < entries.size(); ++i) {
+            const int64_t at = entries[i].offset;
+            if (at < rb || at >= re) continue;
+            if (sizes.empty() && at > rb) sizes.push_back(at - rb);
+            const int64_t next = i + 1 < entries.size() ? entries[i + 1].offset : re;
+            sizes.push_back(std::min(next, re) - at);
+        }
+        if (sizes.empty() && re > rb) sizes.push_back(re - rb);
+        for (auto r : comm::make_buckets(sizes, size_t(bucket_mb * 1048576.0))) {
+            r.offset += rb;
+            buckets.push_back(r);
+        }
+        a = b + 1;
     }
-    if (!entries.empty() && entries[0].offset > 0) sizes.insert(sizes.begin(), entries[0].offset);
-    buckets_ = std::make_unique<comm::BucketedAllReduce>(
-        dp, model.grads(), comm::make_buckets(sizes, size_t(bucket_mb * 1048576.0)),
-        comm::ReduceOp::avg);
+    buckets_ = std::make_unique<comm::BucketedAllReduce>(dp, model.grads(), std::move(buckets),
+                                                         comm::ReduceOp::avg);
+    if (experts.ep > 1) experts_ = std::make_unique<ExpertReductions>(experts, model, nullptr);
     if (bf16_wire_) {
         staging_ = core::Tensor({model.flat_size()}, DType::bf16, MemCategory::buffers);
         bf16_works_.resize(size_t(buckets_->num_buckets()));
@@ -152,6 +231,7 @@ void AllReduceSync::reset() {
     next_ = buckets_->num_buckets() - 1;
     exposed_s_ = 0;
     reset_counts();
+    if (experts_) experts_->reset();
 }
 
 void AllReduceSync::start(int i) {
@@ -171,12 +251,16 @@ void AllReduceSync::on_ready(int64_t final_from) {
     // Buckets complete from the end of the buffer towards its start; every
     // rank starts them in the same (descending) order.
     while (next_ >= 0 && buckets_->bucket(next_).offset >= final_from) start(next_--);
+    if (experts_) {
+        for (int i = experts_->on_ready(final_from); i > 0; --i) count_start();
+    }
 }
 
 void AllReduceSync::finish() {
     APIARY_PROFILE("gradient communication wait");
     APIARY_TRACE("dp wait", core::trace::Kind::wait);
     on_ready(0);
+    if (experts_) exposed_s_ = experts_->finish();
     if (!bf16_wire_) {
         buckets_->finish();
         return;
@@ -186,20 +270,26 @@ void AllReduceSync::finish() {
         w->wait();
         w.reset();
     }
-    exposed_s_ = seconds_since(t0);
-    widen_bf16(model_.grads(), staging_.data<uint16_t>(), model_.flat_size(), false);
+    exposed_s_ += seconds_since(t0);
+    for (int i = 0; i < buckets_->num_buckets(); ++i) {
+        const auto& b = buckets_->bucket(i);
+        widen_bf16(model_.grads() + b.offset, staging_.data<uint16_t>() + b.offset, b.count,
+                   false);
+    }
 }
 
 double AllReduceSync::exposed_seconds() const {
-    return bf16_wire_ ? exposed_s_ : buckets_->exposed_seconds();
+    return bf16_wire_ ? exposed_s_ : buckets_->exposed_seconds() + exposed_s_;
 }
 
 // ---- stage 1 ----
 
 ReduceScatterSync::ReduceScatterSync(comm::ProcessGroup& dp, model::Transformer& model,
-                                     const DpShards& shards, bool bf16_wire)
+                                     const DpShards& shards, bool bf16_wire,
+                                     ExpertGroups experts)
     : dp_(dp), model_(model), shards_(shards), bf16_wire_(bf16_wire), units_(model.units()) {
     works_.resize(units_.size());
+    if (experts.ep > 1) experts_ = std::make_unique<ExpertReductions>(experts, model, &shards);
     int64_t largest = 0;
     for (const auto& u : units_) largest = std::max(largest, u.size());
     // The reduce-scatter of the largest unit needs the most scratch (the
@@ -220,13 +310,17 @@ void ReduceScatterSync::reset() {
     next_ = int(units_.size()) - 1;
     exposed_s_ = 0;
     reset_counts();
+    if (experts_) experts_->reset();
 }
 
 void ReduceScatterSync::on_ready(int64_t final_from) {
+    if (experts_) {
+        for (int i = experts_->on_ready(final_from); i > 0; --i) count_start();
+    }
     while (next_ >= 0 && units_[size_t(next_)].begin >= final_from) {
         const int u = next_--;
         const auto& p = shards_.pieces()[size_t(u)];
-        if (p.count == 0) continue;
+        if (p.count == 0 || units_[size_t(u)].expert) continue;
         count_start();
         float* g = model_.grads();
         const int64_t begin = units_[size_t(u)].begin;
@@ -248,6 +342,7 @@ void ReduceScatterSync::finish() {
     APIARY_PROFILE("gradient communication wait");
     APIARY_TRACE("dp wait", core::trace::Kind::wait);
     on_ready(0);
+    if (experts_) exposed_s_ += experts_->finish();
     for (size_t u = 0; u < works_.size(); ++u) {
         if (!works_[u]) continue;
         exposed_s_ += wait_and_time(works_[u]);

@@ -51,7 +51,18 @@ void check_zero_stage(int zero_stage);  // throws ConfigError outside 0-3
 // params + grads + optimizer bytes per rank that `zero_stage` needs.
 int64_t model_state_formula(const model::Transformer& model, int zero_stage, int dp_size);
 
-// This rank's piece of every unit (stages 1-3).
+// Expert parallelism (ep > 1) carves ep out of the dp ranks: dp ranks
+// g ep .. g ep + ep - 1 form an ep group (they exchange tokens), and the
+// dp / ep ranks with the same dp_rank % ep (the edp group) hold the same
+// routed experts. The experts' units (model::Unit::expert) are reduced and
+// sharded over the edp group only; every other unit over all dp ranks.
+struct ExpertGroups {
+    comm::ProcessGroup* edp = nullptr;  // null: no expert parallelism
+    int ep = 1;
+};
+
+// This rank's piece of every unit (stages 1-3): of an expert unit, its
+// piece over the edp group.
 class DpShards {
   public:
     struct Piece {
@@ -59,7 +70,9 @@ class DpShards {
         int64_t count = 0;   // unit size / N
         int64_t packed = 0;  // its offset in the packed shard
     };
-    DpShards(comm::ProcessGroup& dp, const model::Transformer& model);
+    DpShards(comm::ProcessGroup& dp, const model::Transformer& model, ExpertGroups experts = {});
+    // The group unit u is reduced and sharded over.
+    comm::ProcessGroup& group_of(int u) const;
     const std::vector<Piece>& pieces() const { return pieces_; }
     int64_t packed_size() const { return packed_size_; }
     // This rank's pieces of a whole flat buffer into a packed shard.
@@ -69,9 +82,35 @@ class DpShards {
 
   private:
     comm::ProcessGroup& dp_;
+    ExpertGroups experts_;
     std::vector<model::Unit> units_;
     std::vector<Piece> pieces_;
     int64_t packed_size_ = 0;
+};
+
+// The expert units' gradient reductions (ep > 1, stages 0-1), started by
+// the dp sync alongside its own: each expert unit is scaled by 1 / ep (a
+// replica's gradient covers the tokens of its ep group's ranks; the mean is
+// over all dp ranks), then all-reduced (stage 0) or reduce-scattered in
+// place (stage 1) as the mean over the edp group. Always f32 on the wire.
+class ExpertReductions {
+  public:
+    ExpertReductions(ExpertGroups experts, model::Transformer& model, const DpShards* shards);
+    ~ExpertReductions();
+    // Starts the expert units at offsets >= final_from not yet started;
+    // returns how many it started.
+    int on_ready(int64_t final_from);
+    // Waits for all of them; the seconds it waited.
+    double finish();
+    void reset() { next_ = int(units_.size()) - 1; }
+
+  private:
+    ExpertGroups experts_;
+    model::Transformer& model_;
+    const DpShards* shards_;  // stage 1; null at stage 0
+    std::vector<model::Unit> units_;
+    std::vector<comm::WorkHandle> works_;  // per unit
+    int next_ = -1;
 };
 
 // Gradient reduction over the data-parallel ranks (stages 0-1; stages 2-3
@@ -130,7 +169,7 @@ class LocalSync : public GradSync {
 class AllReduceSync : public GradSync {
   public:
     AllReduceSync(comm::ProcessGroup& dp, model::Transformer& model, double bucket_mb,
-                  bool bf16_wire);
+                  bool bf16_wire, ExpertGroups experts = {});
     ~AllReduceSync() override;
     void on_ready(int64_t final_from) override;
     void finish() override;
@@ -143,7 +182,8 @@ class AllReduceSync : public GradSync {
     comm::ProcessGroup& dp_;
     model::Transformer& model_;
     bool bf16_wire_;
-    std::unique_ptr<comm::BucketedAllReduce> buckets_;
+    std::unique_ptr<comm::BucketedAllReduce> buckets_;  // every unit but the experts'
+    std::unique_ptr<ExpertReductions> experts_;         // ep > 1
     core::Tensor staging_;  // bf16 wire: the gradients in bf16
     std::vector<comm::WorkHandle> bf16_works_;
     int next_ = -1;  // highest bucket not yet started
@@ -154,7 +194,7 @@ class AllReduceSync : public GradSync {
 class ReduceScatterSync : public GradSync {
   public:
     ReduceScatterSync(comm::ProcessGroup& dp, model::Transformer& model, const DpShards& shards,
-                      bool bf16_wire);
+                      bool bf16_wire, ExpertGroups experts = {});
     ~ReduceScatterSync() override;
     void on_ready(int64_t final_from) override;
     void finish() override;
@@ -172,6 +212,7 @@ class ReduceScatterSync : public GradSync {
     core::Tensor staging_, recv16_;        // bf16 wire
     int next_ = -1;                        // highest unit not yet started
     double exposed_s_ = 0;
+    std::unique_ptr<ExpertReductions> experts_;  // ep > 1: the expert units
 };
 
 // Stages 2-3: lends the model each unit's gradient (and, at stage 3,

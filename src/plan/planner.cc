@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -131,6 +133,84 @@ void apply_profile(Cluster& c, Impl impl) {
     }
 }
 
+namespace {
+
+// "1gbit", "800mbit", "25Gbit", "3.125GB/s", "500MB/s" -> bytes/s. Bit rates
+// are read as tc writes them (decimal: 1gbit = 1e9 bit/s).
+double parse_rate(const std::string& text, const char* key) {
+    size_t pos = 0;
+    double v = 0;
+    try {
+        v = std::stod(text, &pos);
+    } catch (const std::exception&) {
+        pos = 0;
+    }
+    std::string unit = text.substr(pos);
+    std::transform(unit.begin(), unit.end(), unit.begin(),
+                   [](unsigned char ch) { return std::tolower(ch); });
+    static const std::pair<const char*, double> units[] = {
+        {"bit", 1.0 / 8},   {"kbit", 1e3 / 8}, {"mbit", 1e6 / 8}, {"gbit", 1e9 / 8},
+        {"tbit", 1e12 / 8}, {"b/s", 1},        {"kb/s", 1e3},     {"mb/s", 1e6},
+        {"gb/s", 1e9},      {"tb/s", 1e12}};
+    for (const auto& [name, mult] : units) {
+        if (pos > 0 && unit == name && v > 0 && std::isfinite(v)) return v * mult;
+    }
+    throw ConfigError(fmt::format(
+        "{}: '{}' is not a link rate (a positive number with a unit: 1gbit, 800mbit, 25gbit as "
+        "tc writes them, or 3.125GB/s, 500MB/s in bytes)",
+        key, text));
+}
+
+// "100us", "5ms", "0.002s", "800ns" -> seconds.
+double parse_latency(const std::string& text, const char* key) {
+    size_t pos = 0;
+    double v = -1;
+    try {
+        v = std::stod(text, &pos);
+    } catch (const std::exception&) {
+        pos = 0;
+    }
+    const std::string unit = text.substr(pos);
+    static const std::pair<const char*, double> units[] = {
+        {"ns", 1e-9}, {"us", 1e-6}, {"ms", 1e-3}, {"s", 1}};
+    for (const auto& [name, mult] : units) {
+        if (pos > 0 && unit == name && v >= 0 && std::isfinite(v)) return v * mult;
+    }
+    throw ConfigError(fmt::format(
+        "{}: '{}' is not a latency (a number with a unit: 800ns, 100us, 5ms, 0.002s)", key, text));
+}
+
+// The links' rate and latency as the user measured or shaped them, over
+// the catalog's and the calibration's (explicit keys win over both).
+void apply_link_overrides(const core::Config& cfg, Cluster& c, long long devices) {
+    if (const auto& v = cfg.get_string("cluster.intra_link_rate"); !v.empty()) {
+        c.intra.bw = parse_rate(v, "cluster.intra_link_rate"), c.intra.efficiency = 1;
+        c.intra.name += " at " + v;
+    }
+    if (const auto& v = cfg.get_string("cluster.intra_link_latency"); !v.empty()) {
+        c.intra.latency = parse_latency(v, "cluster.intra_link_latency");
+    }
+    if (const auto& v = cfg.get_string("cluster.inter_link_rate"); !v.empty()) {
+        c.inter.bw = parse_rate(v, "cluster.inter_link_rate"), c.inter.efficiency = 1;
+        c.inter.name += " at " + v;
+    }
+    if (const auto& v = cfg.get_string("cluster.inter_link_latency"); !v.empty()) {
+        c.inter.latency = parse_latency(v, "cluster.inter_link_latency");
+    }
+    if (auto v = cfg.get_real("cluster.inter_link_efficiency"); v > 0) c.inter.efficiency = v;
+    if (cfg.get_bool("cluster.nic_shared")) {
+        // Every rank of a node sends through the node's one link at once in
+        // the collectives that matter (rings per rank, all-to-alls), so each
+        // is priced at an equal part of it.
+        const long long per_node =
+            std::max<long long>(1, std::min<long long>(devices, c.dev.devices_per_node));
+        c.inter.bw /= double(per_node);
+        c.inter.name += fmt::format(" shared by {}", per_node);
+    }
+}
+
+}  // namespace
+
 void add_keys(core::Schema& s) {
     s.add_string("cluster.device", "epyc-zen5-2c",
                  "accelerator from the catalog (`apiary plan devices` lists them)");
@@ -138,6 +218,24 @@ void add_keys(core::Schema& s) {
     s.add_int("cluster.gpus_per_node", 0, "devices per node (0: the device's usual node)", 0, 1e5);
     s.add_string("cluster.intra_link", "", "link inside a node (empty: the device's)");
     s.add_string("cluster.inter_link", "", "per-device link between nodes (empty: the device's)");
+    s.add_string("cluster.intra_link_rate", "",
+                 "rate of the link inside a node per device, one direction, as tc writes it "
+                 "(40gbit, 800mbit) or in bytes (8GB/s, 500MB/s); empty: the link's");
+    s.add_string("cluster.intra_link_latency", "",
+                 "latency per step of a collective inside a node (5us, 0.2ms); empty: the link's");
+    s.add_string("cluster.inter_link_rate", "",
+                 "rate of the link between nodes, one direction: per device, or per node with "
+                 "cluster.nic_shared (1gbit, 25gbit, 3.125GB/s); empty: the link's");
+    s.add_string("cluster.inter_link_latency", "",
+                 "latency per step of a collective between nodes (100us, 5ms); empty: the link's");
+    s.add_real("cluster.inter_link_efficiency", 0,
+               "fraction of cluster.inter_link_rate a collective sustains (TCP over Ethernet: "
+               "about 0.95 of the wire rate); 0: 1 with a rate given, else the link's",
+               0, 1);
+    s.add_bool("cluster.nic_shared", false,
+               "the ranks of a node share one network link of cluster.inter_link_rate (CPU nodes, "
+               "the test cluster of network namespaces): each gets an equal part; false: one "
+               "link per device, as GPU nodes have");
     s.add_string("cluster.topology", "",
                  "network above the node: fat-tree, fat-tree-2to1, rail-optimized, dragonfly+, "
                  "dcn (empty: the device's)");
@@ -223,6 +321,7 @@ Cluster cluster_from(const core::Config& cfg, long long devices) {
         apply_calibration(read_calibration(f), c);
     }
     if (auto v = cfg.get_int("cluster.gpus_per_node"); v > 0) d.devices_per_node = int(v);
+    apply_link_overrides(cfg, c, devices);
     if (auto v = cfg.get_real("cluster.mem_gib"); v > 0) d.mem_bytes = v * kGiB;
     if (auto v = cfg.get_real("cluster.mem_bw_gbs"); v > 0) d.mem_bw = v * 1e9;
     if (auto v = cfg.get_real("cluster.gemm_eff"); v > 0) d.gemm_eff = v;

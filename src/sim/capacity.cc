@@ -187,7 +187,8 @@ void parse_capacity_csv(const std::string& text, const std::string& source, Capa
 }
 
 void read_capacity_csv(const std::string& path, CapacityInput& in, double origin_epoch) {
-    parse_capacity_csv(read_text_file(path, "--capacity"), path, in, origin_epoch);
+    with_printable_errors(
+        [&] { parse_capacity_csv(read_text_file(path, "--capacity"), path, in, origin_epoch); });
 }
 
 std::vector<CapacityStep> capacity_timeline(const CapacityInput& input, long long nodes) {

@@ -94,7 +94,9 @@ Limits parse_limits(const std::string& text, const std::string& source) {
 }
 
 Limits read_limits(const std::string& path) {
-    return parse_limits(read_text_file(path, "--limits"), path);
+    Limits l;
+    with_printable_errors([&] { l = parse_limits(read_text_file(path, "--limits"), path); });
+    return l;
 }
 
 const char* job_state_name(JobState s) {

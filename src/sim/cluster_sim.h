@@ -82,7 +82,8 @@ struct SimConfig {
     // The scheduler reacts this long after a job arrives or ends: a job is
     // first considered `latency_s` after its submission, and devices come back
     // `latency_s` after a run ends (Slurm's controller ticks and job epilogs:
-    // about 1 s).
+    // about 1 s). In between they are neither busy (utilisation, device-hours
+    // and energy count only the jobs' runs) nor free.
     double latency_s = 0;
     double mtbf_node_s = 0;      // 0: nodes never fail
     double repair_s = 4 * 3600;  // a failed node is back after this
@@ -92,11 +93,21 @@ struct SimConfig {
     // and how far ahead (bf_window).
     int bf_max_job_test = 1;
     double bf_window_s = 86400;
+    // SchedulerParameters bf_max_job_user: backfill tests at most this many
+    // jobs of one user per pass (0: no limit); jobs started in order by the
+    // main scheduler do not count.
+    int bf_max_job_user = 0;
+    // Nodes under one leaf switch (consecutive node ids; 0: no topology): a
+    // job of whole nodes is placed inside one leaf when one has room.
+    int nodes_per_leaf = 0;
     double fairshare_half_life_s = 7 * 86400;  // 0: usage never decays (PriorityDecayHalfLife)
     // Multifactor priority: PriorityWeightAge, PriorityWeightJobSize,
     // PriorityWeightFairshare, and PriorityMaxAge (the age factor is 1 from there).
     double weight_age = 1000, weight_size = 1000, weight_fairshare = 1000;
     double priority_max_age_s = 7 * 86400;
+    // PriorityFavorSmall=YES: the job-size factor is 1 - the job's share of
+    // the cluster (smaller jobs higher) instead of the share.
+    bool favor_small = false;
     // PriorityCalcPeriod: queued jobs' priorities are recomputed this often;
     // a job queued in between is ranked by its priority when queued.
     double priority_calc_period_s = 300;
@@ -161,8 +172,12 @@ struct SimResult {
     double wall_s = 0;  // simulator run time
     double makespan = 0;
     double busy_device_s = 0, available_device_s = 0;
+    double fragmented_device_s = 0;  // free devices on partly busy nodes, over time
     double idle_energy_kwh = 0, idle_co2_g = 0;
     int node_failures = 0, spot_reclaims = 0;
+    // With leaves: runs of at most a leaf's nodes, and how many of those
+    // were spread over more than one leaf.
+    long long leaf_fit_runs = 0, leaf_split_runs = 0;
 };
 
 SimResult simulate(const std::vector<SimJob>& jobs, const SimConfig& cfg, const Policy& policy);

@@ -48,6 +48,7 @@ EventLoop::EventLoop(const std::vector<SimJob>& jobs, const SimConfig& cfg, cons
     run_.resize(jobs.size());
     pools_.emplace_back(0, cfg.nodes, cfg.per_node, true);
     pools_.emplace_back(cfg.nodes, cfg.spot_nodes_max, cfg.per_node, false);
+    for (auto& p : pools_) p.set_leaf_nodes(cfg.nodes_per_leaf);
     running_.resize(2);
     const int total_nodes = cfg.nodes + cfg.spot_nodes_max;
     on_node_.resize(total_nodes);
@@ -238,6 +239,14 @@ void EventLoop::start(int j, std::vector<int32_t>&& slots) {
     for (int32_t s : r.slots) {  // an allocation holds each node's slots together
         if (s / per_node != prev) on_node_[prev = s / per_node].push_back(j);
     }
+    if (cfg_.nodes_per_leaf > 0 && (long long)r.slots.size() >= per_node &&
+        (long long)r.slots.size() <= (long long)cfg_.nodes_per_leaf * per_node) {
+        ++res_.leaf_fit_runs;
+        const auto [lo, hi] = std::minmax_element(r.slots.begin(), r.slots.end());
+        const int leaf = cfg_.nodes_per_leaf * per_node;
+        res_.leaf_split_runs += (*lo - pools_[r.pool].first_node() * per_node) / leaf !=
+                                (*hi - pools_[r.pool].first_node() * per_node) / leaf;
+    }
     busy_ += job.spec.devices;
     settle(share_key(j), double(job.spec.devices));
     count_running(j, +1);
@@ -292,6 +301,8 @@ void EventLoop::finish(int j) {
     }
     waiters_[size_t(j)].clear();
     if (cfg_.latency_s > 0) {  // e.g. Slurm's epilog and next tick: not free yet
+        // No longer busy (utilisation counts jobs' time only), not yet free.
+        busy_ -= (long long)r.slots.size();
         r.state = RunState::releasing;
         running_[r.pool].erase(r.until);
         r.until = running_[r.pool].emplace(now_ + cfg_.latency_s, j);
@@ -314,7 +325,7 @@ void EventLoop::free_devices(int j) {
             --drain_;
         }
     }
-    busy_ -= (long long)r.slots.size();
+    if (r.state != RunState::releasing) busy_ -= (long long)r.slots.size();
     const int per_node = cfg_.per_node;
     int prev = -1;
     for (int32_t s : r.slots) {
@@ -442,6 +453,8 @@ void EventLoop::record_series() {
     const double idle = double(std::max(0LL, last.available - last.busy));
     res_.busy_device_s += double(last.busy) * dt;
     res_.available_device_s += double(last.available) * dt;
+    res_.fragmented_device_s += double(last_fragmented_) * dt;
+    last_fragmented_ = pools_[0].fragmented() + pools_[1].fragmented();
     res_.idle_energy_kwh += idle * cfg_.idle_kw_per_device * dt / 3600;
     res_.idle_co2_g += idle * cfg_.idle_kw_per_device * cfg_.carbon.integral(last.t, now_) / 3600;
     const long long avail = pools_[0].active_devices() + pools_[1].active_devices();

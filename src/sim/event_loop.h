@@ -154,6 +154,7 @@ class EventLoop {
     void rank_new(int pool);   // place the jobs queued since
     void fairshare_factors();  // fs_factor_ of every key, now
     SeriesPoint last_point_;
+    long long last_fragmented_ = 0;  // free devices on partly busy nodes at last_point_
 };
 
 }  // namespace apiary::sim

@@ -47,8 +47,31 @@ void Pool::take(int local, long long k, std::vector<int32_t>& out) {
     bucket_insert(local);
 }
 
+bool Pool::allocate_in_leaf(long long whole, std::vector<int32_t>& out) {
+    const int leaves = (nodes() + leaf_nodes_ - 1) / leaf_nodes_;
+    std::vector<int> count(size_t(leaves), 0);
+    for (int local : bucket_[per_node_]) ++count[size_t(local / leaf_nodes_)];
+    int best = -1;
+    for (int l = 0; l < leaves; ++l) {
+        if (count[size_t(l)] >= whole && (best < 0 || count[size_t(l)] < count[size_t(best)]))
+            best = l;
+    }
+    if (best < 0) return false;
+    std::vector<int> mine;  // this leaf's whole free nodes, lowest first
+    for (int local : bucket_[per_node_]) {
+        if (local / leaf_nodes_ == best) mine.push_back(local);
+    }
+    std::sort(mine.begin(), mine.end());
+    for (long long i = 0; i < whole; ++i) take(mine[size_t(i)], per_node_, out);
+    return true;
+}
+
 bool Pool::allocate(long long n, std::vector<int32_t>& out) {
     if (n > free_ || n <= 0) return false;
+    if (leaf_nodes_ > 0 && n >= per_node_ && n / per_node_ <= leaf_nodes_ &&
+        allocate_in_leaf(n / per_node_, out)) {
+        n -= n / per_node_ * per_node_;
+    }
     while (n >= per_node_ && !bucket_[per_node_].empty()) {
         take(bucket_[per_node_].back(), per_node_, out);
         n -= per_node_;

@@ -25,7 +25,16 @@ class Pool {
     bool owns(int node) const { return node >= first_ && node < first_ + nodes(); }
     bool active(int node) const { return active_[node - first_]; }
     int free_on(int node) const { return int(free_slots_[node - first_].size()); }
+    // Free devices on active nodes that are partly busy: idle, but only for
+    // jobs that fit beside what runs there (fragmentation).
+    long long fragmented() const {
+        return free_ - (long long)bucket_[size_t(per_node_)].size() * per_node_;
+    }
 
+    // Leaf switches of `nodes` nodes each (consecutive nodes; 0: none): a
+    // job of whole nodes that fits in the free whole nodes of one leaf takes
+    // them from the leaf with the fewest that holds it (best fit).
+    void set_leaf_nodes(int nodes) { leaf_nodes_ = nodes; }
     // Appends n slot ids to `out` when n <= free(); false (nothing taken) otherwise.
     bool allocate(long long n, std::vector<int32_t>& out);
     void release(const int32_t* slots, size_t n);
@@ -40,7 +49,9 @@ class Pool {
     void take(int local, long long k, std::vector<int32_t>& out);
     void bucket_insert(int local);
     void bucket_remove(int local);
+    bool allocate_in_leaf(long long whole, std::vector<int32_t>& out);
     int first_, per_node_;
+    int leaf_nodes_ = 0;
     long long free_ = 0, active_nodes_ = 0;
     std::vector<std::vector<int32_t>> free_slots_;  // per node
     std::vector<char> active_;

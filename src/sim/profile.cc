@@ -170,7 +170,11 @@ ProfileTable parse_profile_table(const std::string& text, const std::string& sou
 
 ProfileTable read_profile_table(const std::string& path, const std::vector<std::string>& required,
                                 const std::vector<std::string>& optional) {
-    return parse_profile_table(read_text_file(path, "profile"), path, required, optional);
+    ProfileTable t;
+    with_printable_errors([&] {
+        t = parse_profile_table(read_text_file(path, "profile"), path, required, optional);
+    });
+    return t;
 }
 
 }  // namespace apiary::sim

@@ -7,6 +7,8 @@
 #include <numeric>
 #include <ostream>
 
+#include "sim/text.h"
+
 namespace apiary::sim {
 
 double percentile(std::vector<double> v, double q) {
@@ -52,6 +54,11 @@ Summary summarize(const std::vector<SimJob>& jobs, const SimResult& r) {
     s.makespan_s = r.makespan;
     s.utilisation = r.available_device_s > 0 ? r.busy_device_s / r.available_device_s : 0;
     s.idle_energy_kwh = r.idle_energy_kwh;
+    s.fragmented_device_hours = r.fragmented_device_s / 3600;
+    s.leaf_fit_runs = r.leaf_fit_runs;
+    s.leaf_split_runs = r.leaf_split_runs;
+    const double idle_s = r.available_device_s - r.busy_device_s;
+    s.fragmented_idle_share = idle_s > 0 ? r.fragmented_device_s / idle_s : 0;
     s.co2_kg += r.idle_co2_g / 1000;
     s.node_failures = r.node_failures;
     s.spot_reclaims = r.spot_reclaims;
@@ -86,6 +93,10 @@ nlohmann::json to_json(const Summary& s) {
             {"cost_usd", s.cost_usd},
             {"energy_kwh", s.energy_kwh},
             {"idle_energy_kwh", s.idle_energy_kwh},
+            {"fragmented_device_hours", s.fragmented_device_hours},
+            {"fragmented_idle_share", s.fragmented_idle_share},
+            {"leaf_fit_runs", s.leaf_fit_runs},
+            {"leaf_split_runs", s.leaf_split_runs},
             {"co2_kg", s.co2_kg},
             {"events", s.events},
             {"wall_s", s.wall_s},
@@ -116,22 +127,6 @@ std::string summary_table(const std::vector<Summary>& rows) {
     }
     return out;
 }
-
-namespace {
-
-// A CSV cell: quoted (quotes doubled) when it holds a comma, quote or line
-// break, or always when `always`.
-std::string csv_quote(const std::string& v, bool always = false) {
-    if (!always && v.find_first_of(",\"\r\n") == std::string::npos) return v;
-    std::string q = "\"";
-    for (char c : v) {
-        if (c == '"') q += '"';
-        q += c;
-    }
-    return q + "\"";
-}
-
-}  // namespace
 
 void write_jobs_csv(const std::vector<SimJob>& jobs, const std::vector<SimResult>& results,
                     std::ostream& out) {

@@ -20,6 +20,11 @@ struct Summary {
     double mean_completion_s = 0, p95_completion_s = 0;  // end - submit
     double makespan_s = 0, utilisation = 0;
     double device_hours = 0, lost_device_hours = 0, overhead_device_hours = 0;
+    // Idle device-hours on partly busy nodes (free, but only beside the jobs
+    // running there), and their share of all idle device-hours.
+    double fragmented_device_hours = 0, fragmented_idle_share = 0;
+    // With leaf switches: runs that fit in one leaf, and those spread over more.
+    long long leaf_fit_runs = 0, leaf_split_runs = 0;
     long long restarts = 0, preemptions = 0, failure_restarts = 0;
     int node_failures = 0, spot_reclaims = 0;
     double cost_usd = 0, energy_kwh = 0, idle_energy_kwh = 0, co2_kg = 0;

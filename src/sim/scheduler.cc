@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "sim/event_loop.h"
@@ -228,8 +230,10 @@ double EventLoop::priority_of(int j) const {
     }
     const double age_f =
         cfg_.priority_max_age_s > 0 ? std::min(1.0, age / cfg_.priority_max_age_s) : 1.0;
-    // Job size: the share of the cluster it asks for (PriorityFavorSmall=NO).
-    const double size_f = std::min(1.0, double(s.devices) / double(std::max(1LL, cfg_.devices())));
+    // Job size: the share of the cluster it asks for (PriorityFavorSmall=NO),
+    // or what it leaves (PriorityFavorSmall=YES).
+    const double share = std::min(1.0, double(s.devices) / double(std::max(1LL, cfg_.devices())));
+    const double size_f = cfg_.favor_small ? 1 - share : share;
     return cfg_.weight_age * age_f + cfg_.weight_size * size_f +
            cfg_.weight_fairshare * fs_factor_[size_t(share_idx_[j])];
 }
@@ -397,7 +401,9 @@ void EventLoop::pass_conservative(int pool) {
     // Reservations are planned only when a job that might start now needs
     // them: most passes start nothing, and then none is computed.
     int seen = 0, reserved = 0;
-    std::vector<int> unplanned;  // jobs owed a reservation, in order
+    std::vector<int> unplanned;                        // jobs owed a reservation, in order
+    std::unordered_map<std::string_view, int> tested;  // bf_max_job_user
+    bool in_order = true;                              // the main scheduler's part
     auto plan = [&] {
         make_profile();
         for (int k : unplanned) {
@@ -414,7 +420,12 @@ void EventLoop::pass_conservative(int pool) {
         if (++seen > cfg_.queue_depth) return false;
         if (!within_limits(j)) return true;
         const long long need = jobs_[j].spec.devices;
+        if (!in_order && cfg_.bf_max_job_user > 0 &&
+            ++tested[jobs_[j].spec.user] > cfg_.bf_max_job_user) {
+            return true;
+        }
         if (need > pools_[pool].free()) {  // cannot start now: it may reserve
+            in_order = false;
             if (reserved < cfg_.bf_max_job_test) {
                 unplanned.push_back(j);
                 ++reserved;
@@ -454,6 +465,7 @@ bool EventLoop::pass() {
         double shadow = kNever;
         long long extra = 0;
         int seen = 0;
+        std::unordered_map<std::string_view, int> tested;  // bf_max_job_user
         for_each_queued(pool, [&](int j) {
             if (++seen > cfg_.queue_depth) return false;
             const long long need = jobs_[j].spec.devices;
@@ -462,6 +474,10 @@ bool EventLoop::pass() {
             // it (Slurm's AssocMaxJobsLimit / AssocGrpNodeLimit reasons).
             if (!within_limits(j)) return true;
             if (blocked) {
+                if (cfg_.bf_max_job_user > 0 &&
+                    ++tested[jobs_[j].spec.user] > cfg_.bf_max_job_user) {
+                    return true;  // this user's backfill tests are used up
+                }
                 // EASY: it may go now if it is back before the reservation,
                 // or fits in what the reserved job leaves spare.
                 if (free >= need) {

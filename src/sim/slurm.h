@@ -24,6 +24,7 @@ struct SlurmConf {
     long long cpus_per_node = 0;    // of the first NodeName line
     long long gpus_per_node = 0;    // Gres=gpu:N
     long long bf_max_job_test = 0;  // 0: not set
+    long long bf_max_job_user = 0;  // 0: not set
     double bf_window_s = -1;        // SchedulerParameters bf_window (minutes there); < 0: not set
     // Multifactor priority (< 0: not set, the simulator's default applies).
     std::string priority_type = "priority/basic";  // PriorityType (Slurm's default)
@@ -31,6 +32,7 @@ struct SlurmConf {
     double priority_max_age_s = -1;                                   // PriorityMaxAge
     double decay_half_life_s = -1;                                    // PriorityDecayHalfLife
     double calc_period_s = -1;                                        // PriorityCalcPeriod
+    int favor_small = -1;  // PriorityFavorSmall: 1 YES, 0 NO, -1 not set
     std::vector<std::string> notes;
 };
 // need_nodes: a file without NodeName lines is an error (the cluster's size

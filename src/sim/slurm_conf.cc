@@ -91,6 +91,14 @@ SlurmConf parse_slurm_conf(const std::string& text, const std::string& source, b
             c.priority_max_age_s =
                 parse_slurm_duration(m["prioritymaxage"], where + ": PriorityMaxAge");
         }
+        if (m.count("priorityfavorsmall")) {
+            const std::string v = lower(m["priorityfavorsmall"]);
+            if (v != "yes" && v != "no") {
+                throw ConfigError(fmt::format("{}: PriorityFavorSmall={} is not YES or NO", where,
+                                              printable(m["priorityfavorsmall"])));
+            }
+            c.favor_small = v == "yes";
+        }
         if (m.count("prioritycalcperiod")) {
             c.calc_period_s =
                 parse_slurm_duration(m["prioritycalcperiod"], where + ": PriorityCalcPeriod");
@@ -103,6 +111,8 @@ SlurmConf parse_slurm_conf(const std::string& text, const std::string& source, b
             for (const auto& p : split(m["schedulerparameters"], ',')) {
                 if (p.rfind("bf_max_job_test=", 0) == 0)
                     c.bf_max_job_test = std::atoll(p.c_str() + 16);
+                if (p.rfind("bf_max_job_user=", 0) == 0)
+                    c.bf_max_job_user = std::atoll(p.c_str() + 16);
                 if (p.rfind("bf_window=", 0) == 0) {
                     double m = 0;
                     if (!parse_double(p.substr(10), &m) || m <= 0) {
@@ -155,7 +165,10 @@ SlurmConf parse_slurm_conf(const std::string& text, const std::string& source, b
 }
 
 SlurmConf read_slurm_conf(const std::string& path, bool need_nodes) {
-    return parse_slurm_conf(read_text_file(path, "slurm.conf"), path, need_nodes);
+    SlurmConf c;
+    with_printable_errors(
+        [&] { c = parse_slurm_conf(read_text_file(path, "slurm.conf"), path, need_nodes); });
+    return c;
 }
 
 }  // namespace apiary::sim

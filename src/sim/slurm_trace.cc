@@ -72,7 +72,7 @@ JobSpec job_of(const Record& r, const std::string& where, bool gpus) {
     const char* arrive = missing_time(get(r, "Eligible")) ? "Submit" : "Eligible";
     if (missing_time(get(r, arrive))) {
         throw DataError(fmt::format("{}: job '{}': field 'Submit' is missing (got '{}')", where,
-                                    j.id, get(r, "Submit")));
+                                    printable(j.id), printable(get(r, "Submit"))));
     }
     j.submit = parse_slurm_time(get(r, arrive), where + ": field '" + arrive + "'");
     j.devices =
@@ -90,12 +90,12 @@ JobSpec job_of(const Record& r, const std::string& where, bool gpus) {
         j.recorded_start = parse_slurm_time(start, where + ": field 'Start'");
         j.recorded_end = parse_slurm_time(end, where + ": field 'End'");
         if (j.recorded_end < j.recorded_start) {
-            throw DataError(
-                fmt::format("{}: job '{}': End {} is before Start {}", where, j.id, end, start));
+            throw DataError(fmt::format("{}: job '{}': End {} is before Start {}", where,
+                                        printable(j.id), printable(end), printable(start)));
         }
         if (j.recorded_start < j.submit) {
             throw DataError(fmt::format("{}: job '{}': field 'Start' {} is before its Submit",
-                                        where, j.id, start));
+                                        where, printable(j.id), printable(start)));
         }
         j.runtime = j.recorded_end - j.recorded_start;
     }
@@ -328,7 +328,7 @@ Trace parse_jobcomp(const std::string& text, const std::string& source, SlurmDev
             } else {
                 throw DataError(
                     fmt::format("{}: '{}' is not a jobcomp/filetxt field (lines start with JobId=)",
-                                where, word));
+                                where, printable(word)));
             }
         }
         if (!r.count("JobID")) {

@@ -105,8 +105,8 @@ Trace parse_swf(const std::string& input, const std::string& source, long long p
         t.notes.push_back(fmt::format("{}:1: a UTF-8 byte-order mark, skipped", source));
     }
     long long max_nodes = 0, max_procs = 0;
-    int max_procs_line = 0;
-    long long over_max = 0;  // job fields over MaxProcs
+    int max_procs_line = 0, max_nodes_line = 0;
+    long long over_max = 0;  // job fields over MaxProcs or MaxNodes
     std::string first_over;
     double unix_start = 0;
     long long zero_length = 0, unknown_run = 0, unknown_size = 0, cancelled = 0, missing_dep = 0,
@@ -133,6 +133,7 @@ Trace parse_swf(const std::string& input, const std::string& source, long long p
             }
             if (key == "MaxNodes") {
                 max_nodes = header_count(value, key, where);
+                max_nodes_line = line_no;
             } else if (key == "MaxProcs") {
                 max_procs = header_count(value, key, where);
                 max_procs_line = line_no;
@@ -169,11 +170,21 @@ Trace parse_swf(const std::string& input, const std::string& source, long long p
         // Theta's 2023 log has 8 jobs of up to 4,389 nodes under MaxProcs
         // 4360); the job is kept, and rejected if larger than the cluster.
         for (int k : {5, 8}) {
-            if (max_procs > 0 && f[k].v > double(max_procs) && over_max++ == 0) {
+            const long long nodes = (long long)std::ceil(f[k].v / double(procs_per_node));
+            if (max_procs > 0 && f[k].v > double(max_procs)) {
+                if (over_max++ == 0) {
+                    first_over = fmt::format(
+                        "{}: field {} ({}): {} processors, more than the header's MaxProcs {} "
+                        "({}:{})",
+                        where, k, kFields[k - 1], (long long)f[k].v, max_procs, source,
+                        max_procs_line);
+                }
+            } else if (max_nodes > 0 && nodes > max_nodes && over_max++ == 0) {
                 first_over = fmt::format(
-                    "{}: field {} ({}): {} processors, more than the header's MaxProcs {} "
-                    "({}:{})",
-                    where, k, kFields[k - 1], (long long)f[k].v, max_procs, source, max_procs_line);
+                    "{}: field {} ({}): {} processors, {} nodes of {}, more than the header's "
+                    "MaxNodes {} ({}:{})",
+                    where, k, kFields[k - 1], (long long)f[k].v, nodes, procs_per_node, max_nodes,
+                    source, max_nodes_line);
             }
         }
         const double procs = f[5].v > 0 ? f[5].v : f[8].v;
@@ -259,7 +270,7 @@ Trace parse_swf(const std::string& input, const std::string& source, long long p
     };
     if (over_max > 0) {
         t.notes.push_back(fmt::format(
-            "warning: {} (and {} more fields over MaxProcs): such jobs are rejected unless "
+            "warning: {} (and {} more fields over the header): such jobs are rejected unless "
             "--gpus gives a larger cluster",
             first_over, over_max - 1));
     }

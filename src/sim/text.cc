@@ -69,9 +69,17 @@ std::string trim(const std::string& s) {
     return s.substr(b, e - b + 1);
 }
 
+bool strip_bom(std::string& text) {
+    if (text.compare(0, 3, "\xEF\xBB\xBF") != 0) return false;
+    text.erase(0, 3);
+    return true;
+}
+
 std::vector<std::string> split_lines(const std::string& text) {
     std::vector<std::string> lines;
-    size_t start = 0;
+    // A byte-order mark is not part of the first line (readers that note it
+    // strip it first; the others accept it silently).
+    size_t start = text.compare(0, 3, "\xEF\xBB\xBF") == 0 ? 3 : 0;
     while (start < text.size()) {
         size_t end = text.find('\n', start);
         if (end == std::string::npos) end = text.size();
@@ -112,6 +120,16 @@ std::vector<std::string> split_csv(const std::string& line, const std::string& w
     }
     if (quoted) throw DataError(fmt::format("{}: unterminated quote", where));
     return cells;
+}
+
+std::string csv_quote(const std::string& v, bool always) {
+    if (!always && v.find_first_of(",\"\r\n") == std::string::npos) return v;
+    std::string q = "\"";
+    for (char c : v) {
+        if (c == '"') q += '"';
+        q += c;
+    }
+    return q + "\"";
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -259,6 +277,19 @@ std::string gunzip(const std::string& data, const std::string& path, const char*
     }
     inflateEnd(&z);
     return out;
+}
+
+void with_printable_errors(const std::function<void()>& read) {
+    const size_t all = std::string::npos;
+    try {
+        read();
+    } catch (const DataError& e) {
+        throw DataError(printable(e.what(), all));
+    } catch (const ConfigError& e) {
+        throw ConfigError(printable(e.what(), all));
+    } catch (const IoError& e) {
+        throw IoError(printable(e.what(), all));
+    }
 }
 
 void for_each_csv_row(

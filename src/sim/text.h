@@ -35,6 +35,9 @@ void for_each_csv_row(
     const std::string& text, const std::string& source,
     const std::function<void(std::vector<std::string>& cells, const std::string& where)>& row);
 std::vector<std::string> split(const std::string& s, char sep);
+// A CSV cell: quoted (quotes doubled) when it holds a comma, quote or line
+// break, or always when `always` (what split_csv reads back).
+std::string csv_quote(const std::string& v, bool always = false);
 
 // The name in `names` closest to `name` by edit distance, "" when none is close.
 std::string closest(const std::string& name, const std::vector<std::string>& names);
@@ -50,5 +53,13 @@ std::string gunzip(const std::string& data, const std::string& path, const char*
 
 // Whole file as text; IoError naming `what` and the path when unreadable.
 std::string read_text_file(const std::string& path, const char* what);
+
+// A UTF-8 byte-order mark at the start of `text` is removed; true if there was one.
+bool strip_bom(std::string& text);
+
+// Runs `read` (a reader of user data); an apiary::Error it throws is thrown
+// again, of the same type, with every byte outside printable ASCII escaped
+// as \xNN: the last guard that a message never echoes raw bytes.
+void with_printable_errors(const std::function<void()>& read);
 
 }  // namespace apiary::sim

@@ -114,7 +114,7 @@ const Field& field(const std::string& name, const std::string& where) {
     std::vector<std::string> names;
     for (const auto& f : fields()) names.push_back(f.doc.name);
     const std::string near = closest(name, names);
-    throw DataError(fmt::format("{}: unknown field '{}'{} (known: {})", where, name,
+    throw DataError(fmt::format("{}: unknown field '{}'{} (known: {})", where, printable(name),
                                 near.empty() ? "" : fmt::format(", did you mean '{}'?", near),
                                 fmt::join(names, ", ")));
 }
@@ -122,9 +122,10 @@ const Field& field(const std::string& name, const std::string& where) {
 // Checks a job as a whole once all its fields are read.
 void finish_job(JobSpec& j, const std::set<std::string>& given, size_t ordinal) {
     if (!given.count("id")) j.id = std::to_string(ordinal);
+    const std::string id = printable(j.id);  // for messages
     for (const char* required : {"submit", "devices"}) {
         if (!given.count(required)) {
-            throw DataError(fmt::format("{}: job '{}': field '{}' is missing ({})", j.where, j.id,
+            throw DataError(fmt::format("{}: job '{}': field '{}' is missing ({})", j.where, id,
                                         required, field(required, j.where).doc.doc));
         }
     }
@@ -132,28 +133,28 @@ void finish_job(JobSpec& j, const std::set<std::string>& given, size_t ordinal) 
         throw DataError(fmt::format(
             "{}: job '{}': no run time: give 'runtime' (seconds), or 'model' with 'steps' or "
             "'tokens' so the planner can time it",
-            j.where, j.id));
+            j.where, id));
     }
     if (j.flexible && j.deadline < 0) {
         throw DataError(fmt::format(
             "{}: job '{}': 'flexible' needs a 'deadline' (the latest completion time, s)", j.where,
-            j.id));
+            id));
     }
     if (j.deadline >= 0 && j.deadline < j.submit) {
         throw DataError(fmt::format("{}: job '{}': deadline {} is before its submit time {}",
-                                    j.where, j.id, j.deadline, j.submit));
+                                    j.where, id, j.deadline, j.submit));
     }
     if (j.recorded_start >= 0 && j.recorded_start < j.submit) {
         throw DataError(fmt::format("{}: job '{}': recorded_start {} is before its submit time {}",
-                                    j.where, j.id, j.recorded_start, j.submit));
+                                    j.where, id, j.recorded_start, j.submit));
     }
     if (!j.after.empty() && j.after == j.id) {
         throw DataError(
-            fmt::format("{}: job '{}': field 'after' names the job itself", j.where, j.id));
+            fmt::format("{}: job '{}': field 'after' names the job itself", j.where, id));
     }
     if (j.recorded_start >= 0 && j.recorded_end >= 0 && j.recorded_end < j.recorded_start) {
         throw DataError(fmt::format("{}: job '{}': recorded_end {} is before recorded_start {}",
-                                    j.where, j.id, j.recorded_end, j.recorded_start));
+                                    j.where, id, j.recorded_end, j.recorded_start));
     }
 }
 
@@ -161,7 +162,7 @@ void check_unique(const Trace& t) {
     std::set<std::string> seen;
     for (const auto& j : t.jobs) {
         if (!seen.insert(j.id).second) {
-            throw DataError(fmt::format("{}: job id '{}' appears twice", j.where, j.id));
+            throw DataError(fmt::format("{}: job id '{}' appears twice", j.where, printable(j.id)));
         }
     }
 }
@@ -183,7 +184,8 @@ Trace parse_csv(const std::string& text, const std::string& source) {
         }
         if (cells.size() != header.size()) {
             throw DataError(fmt::format("{}: {} cells but the header has {} fields ({})", where,
-                                        cells.size(), header.size(), fmt::join(header, ",")));
+                                        cells.size(), header.size(),
+                                        printable(fmt::format("{}", fmt::join(header, ",")), 200)));
         }
         JobSpec j;
         j.where = where;
@@ -282,6 +284,9 @@ TraceFormat detect(const std::string& text) {
     return TraceFormat::csv;
 }
 
+Trace parse_format(const std::string& text, const std::string& source, TraceFormat format,
+                   SlurmDevices devices, const ReadOptions& opt);
+
 }  // namespace
 
 TraceFormat parse_trace_format(const std::string& name) {
@@ -319,10 +324,24 @@ Trace parse_trace(const std::string& text, const std::string& source, TraceForma
     return parse_trace(text, source, format, opt);
 }
 
-Trace parse_trace(const std::string& text, const std::string& source, TraceFormat format,
+Trace parse_trace(const std::string& input, const std::string& source, TraceFormat format,
                   const ReadOptions& opt) {
     const SlurmDevices devices = opt.devices;
+    std::string text = input;
+    const bool bom = strip_bom(text);
     if (format == TraceFormat::automatic) format = detect(text);
+    Trace t;
+    with_printable_errors([&] { t = parse_format(text, source, format, devices, opt); });
+    if (bom)
+        t.notes.insert(t.notes.begin(),
+                       fmt::format("{}:1: a UTF-8 byte-order mark, skipped", source));
+    return t;
+}
+
+namespace {
+
+Trace parse_format(const std::string& text, const std::string& source, TraceFormat format,
+                   SlurmDevices devices, const ReadOptions& opt) {
     Trace t;
     switch (format) {
         case TraceFormat::csv:
@@ -346,6 +365,8 @@ Trace parse_trace(const std::string& text, const std::string& source, TraceForma
     check_unique(t);
     return t;
 }
+
+}  // namespace
 
 Trace read_trace(const std::string& path, TraceFormat format, SlurmDevices devices) {
     ReadOptions opt;
@@ -381,10 +402,10 @@ double record_latency_s(const Trace& trace) {
 void write_trace_csv(const Trace& trace, std::ostream& out) {
     out << "id,submit,devices,runtime,time_limit,priority,account,spot,flexible,deadline\n";
     for (const auto& j : trace.jobs) {
-        out << fmt::format("{},{},{},{},{},{},{},{},{},{}\n", j.id, j.submit, j.devices,
+        out << fmt::format("{},{},{},{},{},{},{},{},{},{}\n", csv_quote(j.id), j.submit, j.devices,
                            j.runtime > 0 ? fmt::format("{}", j.runtime) : "",
                            j.time_limit > 0 ? fmt::format("{}", j.time_limit) : "", j.priority,
-                           j.account, j.spot ? 1 : 0, j.flexible ? 1 : 0,
+                           csv_quote(j.account), j.spot ? 1 : 0, j.flexible ? 1 : 0,
                            j.deadline >= 0 ? fmt::format("{}", j.deadline) : "");
     }
 }

@@ -76,6 +76,7 @@ json layout_json(const parallel::ParallelLayout& l) {
             {"tp", l.tp()},
             {"pp", l.pp()},
             {"zero_stage", l.zero_stage},
+            {"ep", l.ep},
             {"microbatches", l.microbatches},
             {"sequence_parallel", l.sequence_parallel},
             {"schedule", core::pipeline_schedule_name(l.schedule)},

@@ -328,9 +328,10 @@ void Trainer::maybe_log(int64_t done, const StepOutcome& s, bool last) {
         const auto& t = engine_.times();
         log_.note(fmt::format(
             "rank {} (dp {} tp {} pp {}): step {} took {:.3f} s: compute {:.3f}, waiting on "
-            "gradients {:.3f}, tensor-parallel {:.3f}, pipeline {:.3f}, optimizer {:.3f}",
+            "gradients {:.3f}, tensor-parallel {:.3f}, expert all-to-all {:.3f}, pipeline {:.3f}, "
+            "optimizer {:.3f}",
             engine_.world_rank(), coord_.dp, coord_.tp, coord_.pp, done, s.dt, t.compute,
-            t.dp_exposed, t.tp_comm, t.pp_wait, t.optimizer));
+            t.dp_exposed, t.tp_comm, t.ep_comm, t.pp_wait, t.optimizer));
     }
     const std::string eval_part =
         std::isnan(last_eval_) ? "" : fmt::format(" | val {:.4f}", last_eval_);
@@ -707,6 +708,10 @@ json Trainer::step_record(int64_t step, const parallel::StepResult& r, double lr
     if (layout_.tp() > 1) {
         rec["tp_comm_s"] = t.tp_comm;
         rec["tp_comm_bytes"] = engine_.tp_bytes();
+    }
+    if (layout_.ep > 1) {
+        rec["ep_comm_s"] = t.ep_comm;  // the MoE blocks' token all-to-alls
+        rec["ep_comm_bytes"] = engine_.ep_bytes();
     }
     if (layout_.pp() > 1) {
         rec["pp_wait_s"] = t.pp_wait;

@@ -10,21 +10,30 @@ using nlohmann::json;
 json moe_load_record(parallel::Engine& engine, std::vector<obs::MoeLoad>* load) {
     model::Transformer& m = engine.model();
     const auto& stats = m.moe_stats();
-    if (stats.empty()) return json();
-    const size_t E = stats.front().routed.size();
-    // One all-reduce of every block's counts and loss sums: per block E
-    // routed, E dropped, aux, z, batches.
+    // Every MoE block of the model: a pipeline stage holds some of them and
+    // fills those (zeros elsewhere); one all-reduce over the world sums each
+    // block over the ranks that hold it. Decided from the spec, the same on
+    // every rank, so that every rank joins the collective.
+    std::vector<int> layers;
+    for (int l = 0; l < m.spec().n_layer; ++l) {
+        if (m.spec().moe_layer(l)) layers.push_back(l);
+    }
+    if (layers.empty()) return json();
+    const size_t E = size_t(m.spec().n_expert);
+    // Per block E routed, E dropped, aux, z, batches.
     const size_t per = 2 * E + 3;
-    std::vector<double> buf(stats.size() * per);
-    for (size_t i = 0; i < stats.size(); ++i) {
+    std::vector<double> buf(layers.size() * per, 0.0);
+    for (const auto& st : stats) {
+        const size_t i =
+            size_t(std::find(layers.begin(), layers.end(), st.layer) - layers.begin());
         double* b = buf.data() + i * per;
         for (size_t e = 0; e < E; ++e) {
-            b[e] = double(stats[i].routed[e]);
-            b[E + e] = double(stats[i].dropped[e]);
+            b[e] = double(st.routed[e]);
+            b[E + e] = double(st.dropped[e]);
         }
-        b[2 * E] = stats[i].aux_sum;
-        b[2 * E + 1] = stats[i].z_sum;
-        b[2 * E + 2] = double(stats[i].batches);
+        b[2 * E] = st.aux_sum;
+        b[2 * E + 1] = st.z_sum;
+        b[2 * E + 2] = double(st.batches);
     }
     engine.world()
         .all_reduce(buf.data(), int64_t(buf.size()), core::DType::f64, comm::ReduceOp::sum,
@@ -32,10 +41,10 @@ json moe_load_record(parallel::Engine& engine, std::vector<obs::MoeLoad>* load) 
         ->wait();
     json out = json::array();
     load->clear();
-    for (size_t i = 0; i < stats.size(); ++i) {
+    for (size_t i = 0; i < layers.size(); ++i) {
         const double* b = buf.data() + i * per;
         obs::MoeLoad l;
-        l.layer = stats[i].layer;
+        l.layer = layers[i];
         l.tokens.assign(b, b + E);
         const double total = std::accumulate(b, b + E, 0.0);
         const double most = *std::max_element(b, b + E);

@@ -125,22 +125,20 @@ void check_freeze(const std::vector<std::string>& prefixes, const core::ModelSpe
     }
 }
 
-// Mixture-of-experts blocks run data-parallel (ZeRO 1-3) in fp32 only.
+// Mixture-of-experts blocks run data-, expert- and pipeline-parallel in fp32 or bf16.
 void check_moe_layout(const core::Config& c, const core::ModelSpec& spec) {
     if (!spec.moe()) return;
-    for (const char* axis : {"parallel.tp", "parallel.pp"}) {
-        if (c.get_int(axis) != 1) {
-            throw ConfigError(fmt::format(
-                "{} = {} with model.n_expert = {}: mixture-of-experts blocks train with "
-                "data parallelism and ZeRO 1-3 only (not yet tensor or pipeline parallel); set "
-                "{} = 1",
-                axis, c.get_int(axis), spec.n_expert, axis));
-        }
+    if (c.get_int("parallel.tp") != 1) {
+        throw ConfigError(fmt::format(
+            "parallel.tp = {} with model.n_expert = {}: mixture-of-experts blocks train with "
+            "data, expert and pipeline parallelism and ZeRO 1-3 (not yet tensor parallel); set "
+            "parallel.tp = 1",
+            c.get_int("parallel.tp"), spec.n_expert));
     }
-    if (const std::string p = c.get_string("train.precision"); p != "fp32") {
+    if (const std::string p = c.get_string("train.precision"); p == "fp16") {
         throw ConfigError(fmt::format(
             "train.precision = '{}' with model.n_expert = {}: mixture-of-experts blocks train in "
-            "fp32 only (not yet bf16 or fp16)",
+            "fp32 or bf16 (not fp16)",
             p, spec.n_expert));
     }
 }
@@ -164,21 +162,13 @@ void check_device(const core::Config& c) {
 // vocabulary is known.
 void validate_config(const core::Config& c, int world_size) {
     check_device(c);
-    if (c.get_int("parallel.ep") != 1 && c.get_int("model.n_expert") > 0) {
-        throw ConfigError(fmt::format(
-            "parallel.ep = {}: the trainer has no expert parallelism yet; it trains "
-            "model.n_expert = {} with every expert on every data-parallel rank (parallel.ep = 1, "
-            "ZeRO 1-3 to shard them)",
-            c.get_int("parallel.ep"), c.get_int("model.n_expert")));
-    }
-    // Keys the planner models but the trainer cannot train (yet).
-    for (const char* axis : {"parallel.cp", "parallel.ep"}) {
-        if (c.get_int(axis) != 1) {
-            throw ConfigError(
-                fmt::format("{} = {}: context and expert parallelism are modelled by "
-                            "`apiary plan` only; the trainer needs it to be 1",
-                            axis, c.get_int(axis)));
-        }
+    // Keys the planner models but the trainer cannot train (yet). Expert
+    // parallelism (parallel.ep) is checked with the layout.
+    if (c.get_int("parallel.cp") != 1) {
+        throw ConfigError(
+            fmt::format("parallel.cp = {}: context parallelism is modelled by `apiary plan` only; "
+                        "the trainer needs it to be 1",
+                        c.get_int("parallel.cp")));
     }
     if (c.get_string("train.precision") == "fp8") {
         throw ConfigError(

@@ -118,9 +118,15 @@ std::vector<std::string> launch_command(const LaunchOptions& o, const LaunchHost
             // without keepalives on its daemon's connection mpirun waits for
             // it forever and --max-restarts never restarts (tests/cluster:
             // the job ends about 11 s after the crash with these).
-            cmd.insert(cmd.end(), {"--host", o.hosts, "--mca", "oob_tcp_keepalive_time", "5",
-                                   "--mca", "oob_tcp_keepalive_intvl", "2", "--mca",
-                                   "oob_tcp_keepalive_probes", "3"});
+            cmd.insert(cmd.end(),
+                       {"--host", o.hosts, "--mca", "oob_tcp_keepalive_time", "5", "--mca",
+                        "oob_tcp_keepalive_intvl", "2", "--mca", "oob_tcp_keepalive_probes", "3"});
+            // With one TCP socket between two ranks, OpenMPI 4.1 moves data
+            // one way at a time: a 2-rank exchange (MPI_Sendrecv, the ring
+            // of two, a pipeline's forward and backward) runs at half the
+            // link's rate. Two sockets per pair restore both directions
+            // (tests/cluster, BENCHMARKS.md "Many hosts: collectives").
+            cmd.insert(cmd.end(), {"--mca", "btl_tcp_links", "2"});
         } else if (o.ranks * o.threads > host.cores) {
             // More ranks x threads than cores here: allow it, and do not pin
             // several ranks to one core.

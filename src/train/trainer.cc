@@ -55,6 +55,9 @@ void save_tokenizer(const std::string& run_dir, const TrainData& d) {
 core::Config elastic_config(const core::Config& c, const CheckpointRef& ck, int world_size) {
     const TrainOptions o = TrainOptions::from_config(c);
     if (!o.elastic || !ck.meta.contains("layout")) return c;
+    // parallel.layout = auto chose the micro-steps for this world with the
+    // global batch pinned (plan.global_batch): nothing to scale.
+    if (c.get_string("parallel.layout") == "auto") return c;
     const int64_t saved_dp = ck.meta["layout"].value("dp", int64_t(1));
     const comm::MeshShape mesh = comm::mesh_shape_from(c, world_size);
     const int64_t accum = o.grad_accum;

@@ -252,8 +252,9 @@ TEST_F(CliErrors, ByteTokenizerWithShardsIsRefused) {
 }
 
 TEST_F(CliErrors, PlannerOnlySettingsAreRefusedByTheTrainer) {
-    expect_error(train("--set parallel.cp=2"), "parallel.cp = 2: context and expert parallelism");
-    expect_error(train("--set parallel.ep=2"), "parallel.ep = 2");
+    expect_error(train("--set parallel.cp=2"), "parallel.cp = 2: context parallelism");
+    expect_error(train("--set parallel.ep=2"),
+                 "parallel.ep = 2 needs a mixture-of-experts model (model.n_expert > 0)");
     expect_error(train("--set train.precision=fp8"), "modelled by `apiary plan` only");
     EXPECT_FALSE(fs::exists(dir_ / "run"));
 }
@@ -261,14 +262,15 @@ TEST_F(CliErrors, PlannerOnlySettingsAreRefusedByTheTrainer) {
 TEST_F(CliErrors, MixtureOfExpertsLayoutsNotYetTrainedAreRefused) {
     const std::string moe = "--set model.n_expert=8 --set model.n_expert_active=2 ";
     expect_error(train(moe + "--set parallel.ep=2"),
-                 "parallel.ep = 2: the trainer has no expert parallelism yet");
+                 "parallel.ep = 2 does not divide the 1 data-parallel ranks (parallel.dp)");
+    expect_error(train(moe + "--set parallel.ep=3"),
+                 "parallel.ep = 3 does not divide model.n_expert = 8");
     expect_error(train(moe + "--set parallel.tp=2"),
                  "parallel.tp = 2 with model.n_expert = 8: mixture-of-experts blocks train with "
-                 "data parallelism and ZeRO 1-3 only");
-    expect_error(train(moe + "--set parallel.pp=2"), "parallel.pp = 2 with model.n_expert = 8");
-    expect_error(train(moe + "--set train.precision=bf16"),
-                 "train.precision = 'bf16' with model.n_expert = 8: mixture-of-experts blocks "
-                 "train in fp32 only");
+                 "data, expert and pipeline parallelism and ZeRO 1-3 (not yet tensor parallel)");
+    expect_error(train(moe + "--set train.precision=fp16"),
+                 "train.precision = 'fp16' with model.n_expert = 8: mixture-of-experts blocks "
+                 "train in fp32 or bf16 (not fp16)");
     expect_error(train(moe + "--set model.n_expert_active=9"),
                  "model.n_expert_active = 9 must be between 1 and model.n_expert = 8");
     expect_error(train(moe + "--set model.moe_capacity_factor=0"),

@@ -23,6 +23,13 @@
 #   cluster.sh crash HOST         the host dies: its link goes down and every
 #                                 process in it is SIGKILLed (the namespaces
 #                                 stay; `link HOST up` brings it back, empty)
+#   cluster.sh cpu HOST P% | off  cap the CPU time of every process in HOST
+#                                 (now and started later through `exec`) at
+#                                 P% of one core: a cgroup of ours
+#                                 (cgroup v2 cpu.max, or v1 cpu.cfs_quota_us);
+#                                 without a writable cpu controller a
+#                                 SIGSTOP/SIGCONT duty cycle of the host's
+#                                 processes, said on stderr. `off` removes it
 #   cluster.sh mpirun ARGS...     mpirun on h1 over every host (see below)
 #   cluster.sh hostfile           print the path of the MPI hostfile
 #   cluster.sh status             hosts, addresses, links, what runs in them
@@ -39,6 +46,9 @@
 #                          this machine has an address in it. Two clusters
 #                          may use the same subnet: each has its own bridge.
 #   APIARY_CLUSTER_SLOTS   MPI slots per host in the hostfile [2]
+#   APIARY_CLUSTER_CPU     `duty`: `cpu` caps by the SIGSTOP/SIGCONT duty
+#                          cycle even where a cgroup cpu controller is
+#                          writable (to test the fallback)
 #
 # MPI: `cluster.sh mpirun -n 4 prog` runs OpenMPI's mpirun inside h1 with
 # the hostfile, rsh-agent.sh as the launcher of the other hosts' daemons, the
@@ -150,6 +160,7 @@ kill_netns_pids() {  # kill_netns_pids NETNS [EXCEPT_PID]
 remove_host() {
     local i=$1 ns
     ns=$(netns_of "$i")
+    cpu_off "$i"
     kill_netns_pids "$ns"
     ip link del "$(veth_of "$i")" 2>/dev/null || true
     ip link del "$prefix-y$i" 2>/dev/null || true
@@ -277,6 +288,124 @@ add_host() {
     apply_link "$i"
 }
 
+# ---- CPU caps (cluster.sh cpu) ----
+# The cpu controller this machine lets us use: "v2 DIR" (a cgroup2 mount
+# whose cgroup.subtree_control enables cpu: children get cpu.max), "v1 DIR"
+# (the cgroup v1 cpu hierarchy: cpu.cfs_quota_us), or nothing. Only a
+# cgroup of ours (apy-<ID>-h<i>) is created, directly under DIR; nothing
+# else of the hierarchy is changed.
+cpu_controller() {
+    local d
+    # (APIARY_CLUSTER_CPU=duty: the fallback even where cgroups work)
+    [ "${APIARY_CLUSTER_CPU:-}" = duty ] && return 0
+    for d in /sys/fs/cgroup /sys/fs/cgroup/unified; do
+        if [ -f "$d/cgroup.subtree_control" ] && grep -qw cpu "$d/cgroup.subtree_control" &&
+            [ -w "$d" ]; then
+            echo "v2 $d"
+            return 0
+        fi
+    done
+    for d in /sys/fs/cgroup/cpu /sys/fs/cgroup/cpu,cpuacct; do
+        if [ -f "$d/cpu.cfs_quota_us" ] && [ -w "$d" ]; then
+            echo "v1 $d"
+            return 0
+        fi
+    done
+}
+
+# Every process of host i (its network namespace) into the cgroup DIR.
+cpu_move_all() {  # cpu_move_all I DIR
+    local p
+    for p in $(ip netns pids "$(netns_of "$1")" 2>/dev/null); do
+        echo "$p" >"$2/cgroup.procs" 2>/dev/null || true  # (it may have ended)
+    done
+}
+
+# A cgroup of ours removed: its processes back to the hierarchy's root
+# first (a cgroup must be empty to go).
+cgroup_remove() {  # cgroup_remove DIR ROOT
+    local p
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+        for p in $(cat "$1/cgroup.procs" 2>/dev/null); do
+            echo "$p" >"$2/cgroup.procs" 2>/dev/null || true
+        done
+        rmdir "$1" 2>/dev/null && return 0
+        [ -d "$1" ] || return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+cpu_off() {  # cpu_off I: the cap gone, the host's processes running freely
+    local i=$1 f kind cg root p
+    f="$state/cpu/$i"
+    [ -f "$state/cpu/$i" ] || return 0
+    read -r kind cg root <"$f" || true
+    if [ "$kind" = duty ]; then
+        # cg is the duty cycler's pid; every stopped process continues.
+        kill "$cg" 2>/dev/null || true
+        for p in $(ip netns pids "$(netns_of "$i")" 2>/dev/null); do kill -CONT "$p" 2>/dev/null || true; done
+    elif [ -d "$cg" ]; then
+        cgroup_remove "$cg" "$root" || echo "cluster.sh: warning: could not remove cgroup $cg" >&2
+    fi
+    rm -f "$f"
+}
+
+cmd_cpu() {
+    [ $# -eq 2 ] || die "cpu HOST P%|off: give a host and a share of one core, e.g. 20%"
+    local i pct kind root cg quota
+    i=$(host_index "$1")
+    cpu_off "$i"
+    mkdir -p "$state/cpu"
+    [ "$2" = off ] && { echo "cluster $id: h$i: no CPU cap"; return 0; }
+    pct=${2%\%}
+    [[ $pct =~ ^[0-9]+$ ]] && [ "$pct" -ge 1 ] && [ "$pct" -le 10000 ] ||
+        die "cpu $1 '$2': give a whole percentage of one core, 1% to 10000%, or off"
+    quota=$((pct * 1000))  # of a 100 ms period
+    read -r kind root < <(cpu_controller) || true
+    if [ -n "${kind:-}" ]; then
+        cg="$root/$prefix-h$i"
+        mkdir -p "$cg"
+        if [ "$kind" = v2 ]; then
+            echo "$quota 100000" >"$cg/cpu.max"
+        else
+            echo 100000 >"$cg/cpu.cfs_period_us"
+            echo "$quota" >"$cg/cpu.cfs_quota_us"
+        fi
+        echo "$kind $cg $root" >"$state/cpu/$i"
+        cpu_move_all "$i" "$cg"
+        echo "cluster $id: h$i capped at $pct% of one core (cgroup $kind $cg)"
+        return 0
+    fi
+    # No cpu controller we may write: stop and continue the host's
+    # processes, pct% of each 100 ms running (at most 100%).
+    [ "$pct" -le 100 ] || die "cpu $1 $2: over 100% needs a cgroup cpu controller, and none is writable here"
+    echo "cluster.sh: no writable cgroup cpu controller here: capping h$i by a SIGSTOP/SIGCONT" \
+        "duty cycle ($pct% of each 100 ms) instead" >&2
+    local ns
+    ns=$(netns_of "$i")
+    setsid bash -c "run=\$(awk 'BEGIN{print $pct/1000}'); stop=\$(awk 'BEGIN{print (100-$pct)/1000}');
+        trap 'exit 0' TERM
+        while :; do
+            [ -e /run/netns/$ns ] || exit 0
+            for p in \$(ip netns pids $ns); do kill -STOP \$p 2>/dev/null; done
+            sleep \$stop
+            for p in \$(ip netns pids $ns); do kill -CONT \$p 2>/dev/null; done
+            sleep \$run
+        done" </dev/null >/dev/null 2>&1 &
+    echo "duty $! -" >"$state/cpu/$i"
+    echo "cluster $id: h$i capped at $pct% of one core (duty cycle, pid $!)"
+}
+
+# A command about to enter host i joins its cgroup, so that what it starts
+# there (an MPI daemon and its ranks) is capped too.
+cpu_join() {  # cpu_join I
+    local kind cg root
+    [ -f "$state/cpu/$1" ] || return 0
+    read -r kind cg root <"$state/cpu/$1" || true
+    [ "$kind" != duty ] && [ -d "$cg" ] && echo $$ >"$cg/cgroup.procs" 2>/dev/null || true
+}
+
 write_hostfile() {
     local i
     : >"$state/hostfile.tmp"
@@ -326,6 +455,15 @@ cmd_down() {
     for dev in $(ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | grep "^$prefix-" || true); do
         ip link del "$dev" 2>/dev/null || true
     done
+    # Our cgroups (cluster.sh cpu), by prefix too.
+    local kind root cg
+    read -r kind root < <(cpu_controller) || true
+    if [ -n "${kind:-}" ]; then
+        for cg in "$root/$prefix"-h*; do
+            [ -d "$cg" ] || continue
+            cgroup_remove "$cg" "$root" || echo "cluster.sh: warning: could not remove cgroup $cg" >&2
+        done
+    fi
     rm -rf "$state"
     echo "cluster $id: down"
 }
@@ -337,6 +475,7 @@ cmd_exec() {
     shift
     read_host "$i"
     holder_alive "$pid" "$(netns_of "$i")" || die "host h$i is not running; run 'cluster.sh up N'"
+    cpu_join "$i"
     exec nsenter -t "$pid" --net --uts -- "$@"
 }
 
@@ -393,7 +532,8 @@ cmd_status() {
         if holder_alive "$pid" "$(netns_of "$i")"; then
             procs=$(($(ip netns pids "$(netns_of "$i")" | wc -l) - 1))
             echo "h$i $(addr_of "$i") holder $pid, link $link rate $rate delay $delay" \
-                "loss $loss, $procs process(es) besides the holder"
+                "loss $loss, $procs process(es) besides the holder$(
+                    [ -f "$state/cpu/$i" ] && echo ", CPU capped ($(cut -d' ' -f1-2 "$state/cpu/$i"))")"
         else
             echo "h$i $(addr_of "$i") BROKEN (holder $pid gone); 'cluster.sh up N' rebuilds it"
         fi
@@ -409,12 +549,13 @@ cmd_mpirun() {
         --mca plm_rsh_agent "$here/rsh-agent.sh" \
         --mca btl tcp,self,vader \
         --mca btl_tcp_if_include "$subnet.0/24" \
+        --mca btl_tcp_links 2 \
         --mca oob_tcp_if_include "$subnet.0/24" \
         "$@"
 }
 
 [ $# -ge 1 ] || die "usage: cluster.sh up N | down | exec HOST CMD... | link HOST SETTING [VALUE] |" \
-    "crash HOST | mpirun ARGS... | hostfile | status"
+    "crash HOST | cpu HOST P%|off | mpirun ARGS... | hostfile | status"
 verb=$1
 shift
 preflight
@@ -424,10 +565,11 @@ down) cmd_down ;;
 exec) cmd_exec "$@" ;;
 link) cmd_link "$@" ;;
 crash) cmd_crash "$@" ;;
+cpu) cmd_cpu "$@" ;;
 mpirun) cmd_mpirun "$@" ;;
 hostfile) echo "$state/hostfile" ;;
 status) cmd_status ;;
 _apply) apply_link "$1" ;;
 _link) read_host "$(host_index "$1")" && echo "$link" ;;
-*) die "unknown command '$verb'; use up, down, exec, link, crash, mpirun, hostfile or status" ;;
+*) die "unknown command '$verb'; use up, down, exec, link, crash, cpu, mpirun, hostfile or status" ;;
 esac

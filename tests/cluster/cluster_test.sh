@@ -70,6 +70,52 @@ bash "$cluster" link all reset
 bash "$cluster" status | grep -q "^h2 .*link up rate 1gbit .*loss 0%" || fail "reset"
 ! tc filter show dev "${prefix}v2" | grep -q bpf || fail "the loss filter stayed"
 
+# A CPU cap: the host's processes, and those started in it later, share
+# P% of one core (a cgroup of ours, or the duty cycle where none is
+# writable); off removes it, and the cgroup with it.
+bash "$cluster" exec h2 sleep 600 &
+capped=$!
+for _ in $(seq 100); do
+    [ "$(ip netns pids "${prefix}h2" | wc -l)" -ge 2 ] && break
+    sleep 0.05
+done
+bash "$cluster" cpu h2 20% >"$APIARY_CLUSTER_DIR/cpu.out" 2>&1 || fail "cpu h2 20%: $(cat "$APIARY_CLUSTER_DIR/cpu.out")"
+bash "$cluster" status | grep -q "^h2 .*CPU capped" || fail "status does not show the cap"
+if grep -q "cgroup" "$APIARY_CLUSTER_DIR/cpu.out"; then
+    cg=$(sed -n 's/.*(cgroup v[12] \(.*\))$/\1/p' "$APIARY_CLUSTER_DIR/cpu.out")
+    [ -d "$cg" ] || fail "no cgroup $cg"
+    grep -qx "$capped" "$cg/cgroup.procs" || fail "the running process is not in $cg"
+    later=$(bash "$cluster" exec h2 sh -c 'echo $$')
+    [ -n "$later" ] || fail "exec in a capped host"
+    bash "$cluster" exec h2 sh -c 'cat /proc/self/cgroup' | grep -q "${prefix}h2" ||
+        fail "a command started in h2 is not in its cgroup"
+    bash "$cluster" cpu h2 off
+    [ ! -d "$cg" ] || fail "cpu off left $cg"
+else
+    grep -q "SIGSTOP/SIGCONT" "$APIARY_CLUSTER_DIR/cpu.out" || fail "cpu: $(cat "$APIARY_CLUSTER_DIR/cpu.out")"
+    bash "$cluster" cpu h2 off
+fi
+bash "$cluster" status | grep -q "CPU capped" && fail "the cap stayed after off"
+# The fallback, forced: the process is stopped part of each 100 ms, and
+# running again after off.
+APIARY_CLUSTER_CPU=duty bash "$cluster" cpu h2 10% >"$APIARY_CLUSTER_DIR/cpu.out" 2>&1
+grep -q "SIGSTOP/SIGCONT" "$APIARY_CLUSTER_DIR/cpu.out" || fail "duty: $(cat "$APIARY_CLUSTER_DIR/cpu.out")"
+stopped=no
+for _ in $(seq 200); do
+    [ "$(awk '{print $3}' "/proc/$capped/stat")" = T ] && stopped=yes && break
+    sleep 0.01
+done
+[ $stopped = yes ] || fail "the duty cycle never stopped the host's process"
+bash "$cluster" cpu h2 off
+sleep 0.3
+[ "$(awk '{print $3}' "/proc/$capped/stat")" != T ] || fail "the process stayed stopped after off"
+for args in "cpu h2 fast" "cpu h2 0%" "cpu h2"; do
+    # shellcheck disable=SC2086
+    if bash "$cluster" $args 2>/dev/null; then fail "'$args' accepted"; fi
+done
+kill "$capped" 2>/dev/null || true
+wait "$capped" 2>/dev/null || true
+
 # A host whose holder died is rebuilt by up.
 holder=$(sed -n 's/^pid=//p' "$APIARY_CLUSTER_DIR/hosts/2")
 kill -9 "$holder"

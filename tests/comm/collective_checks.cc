@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "comm/buffer.h"
+#include "core/error.h"
 #include "comm/mesh.h"
 
 namespace apiary::comm::testing {
@@ -113,6 +114,36 @@ void check_all_to_all(ProcessGroup& g, int64_t count) {
             ASSERT_EQ(recv[size_t(j * count + i)], float(j * 100 + g.rank()));
         }
     }
+}
+
+void check_all_to_all_v(ProcessGroup& g) {
+    // Rank r sends r + j + 1 elements to rank j (its own block included),
+    // except rank 0, which sends nothing to the last rank: an empty block.
+    const int n = g.size(), me = g.rank();
+    auto count = [n](int from, int to) -> int64_t {
+        return from == 0 && to == n - 1 && n > 1 ? 0 : from + to + 1;
+    };
+    std::vector<int64_t> sc(static_cast<size_t>(n)), rc(static_cast<size_t>(n));
+    std::vector<float> send, recv;
+    for (int j = 0; j < n; ++j) {
+        sc[size_t(j)] = count(me, j);
+        rc[size_t(j)] = count(j, me);
+        for (int64_t i = 0; i < sc[size_t(j)]; ++i) {
+            send.push_back(float(me * 1000 + j * 10) + float(i) / 64);
+        }
+    }
+    int64_t total = 0;
+    for (int64_t c : rc) total += c;
+    recv.assign(size_t(total), -1.0f);
+    g.all_to_all_v(send.data(), sc, recv.data(), rc, DType::f32, {"a2av", 1})->wait();
+    size_t at = 0;
+    for (int j = 0; j < n; ++j) {
+        for (int64_t i = 0; i < rc[size_t(j)]; ++i, ++at) {
+            ASSERT_EQ(recv[at], float(j * 1000 + me * 10) + float(i) / 64) << "from " << j;
+        }
+    }
+    // One count per rank, or a CommError naming the group.
+    EXPECT_THROW(g.all_to_all_v(send.data(), {1}, recv.data(), {}, DType::f32), apiary::CommError);
 }
 
 void check_send_recv_ring(ProcessGroup& g, int64_t count) {

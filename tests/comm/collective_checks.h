@@ -13,6 +13,8 @@ void check_reduce_scatter(ProcessGroup& g, DType dt, bool in_place, int64_t coun
 void check_all_gather(ProcessGroup& g, DType dt, bool in_place, int64_t count);
 void check_broadcast(ProcessGroup& g, int root, int64_t count);
 void check_all_to_all(ProcessGroup& g, int64_t count);
+// Variable counts, an empty block among them.
+void check_all_to_all_v(ProcessGroup& g);
 void check_send_recv_ring(ProcessGroup& g, int64_t count);
 void check_many_outstanding(ProcessGroup& g);
 void check_mesh(ProcessGroup& world, int dp, int tp, int pp, const char* order);

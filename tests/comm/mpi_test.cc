@@ -79,6 +79,7 @@ TEST(Mpi, BroadcastAllToAllSendRecvBarrier) {
     check_broadcast(world(), world().size() - 1, 1000);
     check_broadcast(world(), 0, 3);
     check_all_to_all(world(), 257);
+    check_all_to_all_v(world());
     check_send_recv_ring(world(), 300000);  // past the eager limit: rendezvous protocol
     world().barrier()->wait();
 }

@@ -31,6 +31,10 @@ TEST(SelfGroup, CollectivesOfOneRankAreTheIdentity) {
     std::fill(out.begin(), out.end(), 0.0f);
     g.all_to_all(x.data(), out.data(), 3, DType::f32)->wait();
     EXPECT_EQ(out, x);
+    std::fill(out.begin(), out.end(), 0.0f);
+    g.all_to_all_v(x.data(), {3}, out.data(), {3}, DType::f32)->wait();
+    EXPECT_EQ(out, x);
+    EXPECT_THROW(g.all_to_all_v(x.data(), {3}, out.data(), {2}, DType::f32), apiary::CommError);
     // In place (send is recv's own block) leaves the data as it is.
     g.all_gather(x.data(), x.data(), 3, DType::f32)->wait();
     EXPECT_EQ(x, (std::vector<float>{1.5f, -2.0f, 3.25f}));
@@ -40,7 +44,7 @@ TEST(SelfGroup, CollectivesOfOneRankAreTheIdentity) {
     g.barrier()->wait();
     EXPECT_EQ(n, 7);
     // Every call gets the next sequence number, as in the real backends.
-    EXPECT_EQ(g.barrier()->fingerprint().seq, 9u);
+    EXPECT_EQ(g.barrier()->fingerprint().seq, 10u);
 }
 
 TEST(SelfGroup, RefusesWhatNoBackendAccepts) {

@@ -45,6 +45,7 @@ TEST_P(ThreadCollectives, BroadcastAllToAllSendRecv) {
     run_threads(GetParam(), [](ProcessGroup& g) {
         check_broadcast(g, g.size() - 1, 65);
         check_all_to_all(g, 9);
+        check_all_to_all_v(g);
         check_send_recv_ring(g, 129);
         g.barrier()->wait();
     });

@@ -4,6 +4,7 @@
 #include "obs/report.h"
 
 #include <arpa/inet.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -189,7 +190,8 @@ TEST(Metrics, ServesTheStepAndSensorsOverHttp) {
     v.step = 42;
     v.loss = 2.5;
     v.tokens_per_s = 1234;
-    v.busy_s = 2;
+    v.busy_s = 3;  // this step's; the ratio is of the one the extremes are over
+    v.busy_sent_s = 2;
     v.busy_min_s = 1;
     m.update(v);
     m.add_checkpoint(1.5, 0.25, 1000, 1e9);
@@ -198,7 +200,16 @@ TEST(Metrics, ServesTheStepAndSensorsOverHttp) {
     EXPECT_NE(body.find("apiary_loss{rank=\"3\",run=\"myrun\"} 2.5"), std::string::npos);
     EXPECT_NE(body.find("apiary_tokens_per_second{rank=\"3\",run=\"myrun\"} 1234"),
               std::string::npos);
-    EXPECT_NE(body.find("apiary_straggler_ratio{rank=\"3\",run=\"myrun\"} 2"), std::string::npos);
+    // The straggler's series and the info series name the host it runs on.
+    char host[256] = "";
+    ::gethostname(host, sizeof(host) - 1);
+    EXPECT_NE(body.find(fmt::format(
+                  "apiary_straggler_ratio{{rank=\"3\",run=\"myrun\",host=\"{}\"}} 2", host)),
+              std::string::npos)
+        << body;
+    EXPECT_NE(
+        body.find(fmt::format("apiary_rank_info{{rank=\"3\",run=\"myrun\",host=\"{}\"}} 1", host)),
+        std::string::npos);
     EXPECT_NE(body.find("apiary_checkpoint_seconds{rank=\"3\",run=\"myrun\"} 1.5"),
               std::string::npos);
     EXPECT_NE(body.find("apiary_temperature_celsius{rank=\"3\",run=\"myrun\",sensor=\"hwmon0/"
@@ -310,6 +321,7 @@ TEST(ScrapeTargets, PlacedBySlotAndWritten) {
     ASSERT_EQ(doc.size(), 2u);
     EXPECT_EQ(doc[1]["targets"][0], "127.0.0.1:9401");
     EXPECT_EQ(doc[1]["labels"]["apiary_rank"], "1");
+    EXPECT_EQ(doc[1]["labels"]["apiary_host"], "127.0.0.1");
 }
 
 }  // namespace

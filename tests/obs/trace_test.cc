@@ -59,9 +59,11 @@ std::vector<ThreadEvents> timeline() {
     return {main, worker};
 }
 
-RankTrace written(const TempDir& d, int rank, const std::vector<ThreadEvents>& t) {
+RankTrace written(const TempDir& d, int rank, const std::vector<ThreadEvents>& t,
+                  const std::string& host = "") {
     TraceMeta m;
     m.rank = rank;
+    m.host = host;
     m.world_size = 2;
     m.first_step = 10;
     m.last_step = 10;
@@ -137,6 +139,44 @@ TEST(Trace, SummarySplitsTheStep) {
     const auto doc = nlohmann::json::parse(summary_json(s));
     EXPECT_NEAR(doc["ranks"][0]["parts_s"].get<double>(), 0.1, 1e-9);
     EXPECT_NE(format_summary(s).find("block 0"), std::string::npos);
+}
+
+TEST(Trace, SummaryNamesTheBusiestRankAndItsHost) {
+    TempDir d;
+    // Both steps last 130 ms. Rank 1's backward runs 25-89 and it waits
+    // 11 ms for the all-reduce; rank 0's backward ends at 60 and it waits
+    // the 40 ms until rank 1 joins.
+    const auto step = [](int64_t backward_end) {
+        ThreadEvents main{1, "main", {}};
+        main.events = {ev("step", Kind::step, 0, 130),
+                       ev("data wait", Kind::data, 0, 5),
+                       ev("block forward", Kind::compute, 5, 25, 0),
+                       ev("tp wait", Kind::wait, 10, 15),
+                       ev("block backward", Kind::compute, 25, backward_end, 0),
+                       ev("dp wait", Kind::wait, backward_end, 100),
+                       ev("all_reduce", Kind::comm, 90, 98),
+                       ev("optimizer", Kind::optimizer, 100, 120),
+                       ev("all_reduce", Kind::comm, 105, 110)};
+        return std::vector<ThreadEvents>{main};
+    };
+    const auto fast = step(60), slow = step(89);
+    const TraceSummary s = summarize({written(d, 0, fast, "hostA"), written(d, 1, slow, "hostB")});
+    ASSERT_EQ(s.ranks.size(), 2u);
+    EXPECT_EQ(s.hosts, (std::vector<std::string>{"hostA", "hostB"}));
+    EXPECT_EQ(s.straggler.rank, 1);
+    EXPECT_EQ(s.straggler.host, "hostB");
+    EXPECT_EQ(s.straggler.fastest_rank, 0);
+    EXPECT_EQ(s.straggler.fastest_host, "hostA");
+    // busy: step less exposed comm (rank 0: 130 - 50, rank 1: 130 - 21).
+    EXPECT_NEAR(s.straggler.fastest_busy, 0.080, 1e-9);
+    EXPECT_NEAR(s.straggler.busy, 0.109, 1e-9);
+    EXPECT_NE(format_summary(s).find("slowest rank: 1 on hostB"), std::string::npos)
+        << format_summary(s);
+    const auto doc = nlohmann::json::parse(summary_json(s));
+    EXPECT_EQ(doc["straggler"]["host"], "hostB");
+    EXPECT_EQ(doc["ranks"][1]["host"], "hostB");
+    // One rank: nobody to be slower than.
+    EXPECT_EQ(summarize({written(d, 0, fast)}).straggler.rank, -1);
 }
 
 TEST(Trace, TruncatedFileIsNamed) {

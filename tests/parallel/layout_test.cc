@@ -149,3 +149,38 @@ TEST(ParallelLayout, VocabularySlicesCoverTheVocabularyOnce) {
         }
     }
 }
+
+TEST(ParallelLayout, ExpertParallelismIsCarvedOutOfTheDataParallelRanks) {
+    const std::vector<std::string> moe = {"model.n_expert=8", "model.n_expert_active=2"};
+    auto with = [&](std::vector<std::string> extra) {
+        extra.insert(extra.begin(), moe.begin(), moe.end());
+        return extra;
+    };
+    // ep 4 of 8 dp ranks: consecutive dp ranks form an ep group; rank r
+    // holds experts of ep rank r % 4.
+    const core::Config c = config(with({"parallel.ep=4"}));
+    const auto l = parallel::parallel_layout_from(c, core::model_spec_from(c), 8);
+    EXPECT_EQ(l.ep, 4);
+    EXPECT_EQ(l.shard({5, 0, 0}).ep_rank, 1);
+    EXPECT_EQ(l.shard({5, 0, 0}).ep_size, 4);
+    EXPECT_NE(l.describe().find("dp 8 (ep 4)"), std::string::npos) << l.describe();
+    // Each refusal names the key, the value and what would work.
+    EXPECT_EQ(error_of(with({"parallel.ep=3"}), 6),
+              "parallel.ep = 3 does not divide model.n_expert = 8: every expert-parallel rank "
+              "holds the same number of experts; ep can be 1, 2 (within the data-parallel ranks)");
+    EXPECT_EQ(error_of(with({"parallel.ep=8"}), 4),
+              "parallel.ep = 8 does not divide the 4 data-parallel ranks (parallel.dp): the "
+              "expert-parallel groups are carved out of them; ep can be 1, 2, 4");
+    EXPECT_NE(error_of({"parallel.ep=2"}, 2).find("parallel.ep = 2 needs a mixture-of-experts "
+                                                  "model (model.n_expert > 0)"),
+              std::string::npos);
+    EXPECT_NE(error_of(with({"parallel.ep=2", "parallel.zero_stage=2"}), 4)
+                  .find("parallel.zero_stage = 2 with parallel.ep = 2: expert parallelism runs "
+                        "with ZeRO stages 0 and 1"),
+              std::string::npos);
+    EXPECT_NE(error_of(with({"parallel.ep=2", "parallel.tp=2"}), 4)
+                  .find("parallel.ep = 2 with parallel.tp = 2: expert parallelism runs with data "
+                        "and pipeline parallelism"),
+              std::string::npos);
+    EXPECT_EQ(error_of(with({"parallel.ep=2", "parallel.zero_stage=1"}), 4), "");
+}

@@ -12,7 +12,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -216,6 +219,126 @@ TEST_F(Layouts, MixtureOfExpertsDataParallelAndZeroMatchOneRank) {
             EXPECT_GE(first["imbalance"].get<double>(), 1.0);
         }
         EXPECT_TRUE(logged);
+    }
+}
+
+// Expert parallelism: ep ranks of the four data-parallel ones (of two, with
+// two pipeline stages) share out the experts; the tokens travel by
+// all-to-all. Every rank's micro-batch is one
+// sequence, as is each of the one-rank run's 16 (the router's capacity and
+// losses are per micro-batch).
+const std::string& gpt2_moe() {
+    static const std::string s =
+        "--set model.n_layer=3 --set model.n_expert=4 --set model.n_expert_active=2 "
+        "--set model.moe_ffn_hidden=96 --set model.n_shared_expert=1 "
+        "--set model.moe_dense_layers=1 --set model.moe_aux_loss_coef=0.1 ";
+    return s;
+}
+
+TEST_F(Layouts, ExpertParallelMatchesOneRank) {
+    for (const auto& [arch, moe] : std::vector<std::pair<std::string, std::string>>{
+             {"gpt2", gpt2_moe()},
+             {"llama",
+              "--set model.n_layer=2 --set model.n_expert=4 --set model.n_expert_active=1 "
+              "--set model.moe_ffn_hidden=64 --set model.moe_router=sigmoid "
+              "--set model.moe_dropless=true --set model.moe_aux_loss_coef=0.1 "}}) {
+        SCOPED_TRACE(arch);
+        run(arch + "_base", 1, 4, arch, moe + "--set train.grad_accum=16");
+        init(arch + "_init", arch, moe);
+        // ep x pp: two stages of dp 2 x ep 2, each rank still one sequence
+        // per micro-batch (8 micro-batches a step).
+        const std::string pp2 = "--set parallel.pp=2 --set parallel.dp=2 --set train.grad_accum=8 ";
+        std::vector<std::pair<std::string, std::string>> layouts = {
+            {"ep2", "--set parallel.ep=2"},
+            {"ep4", "--set parallel.ep=4 --set profile.steps=2-2"},
+            {"ep2_pp2", pp2 + "--set parallel.ep=2"}};
+        if (arch == "gpt2") {
+            layouts.push_back({"ep1", "--set parallel.ep=1"});
+            layouts.push_back({"ep2_zero1", "--set parallel.ep=2 --set parallel.zero_stage=1"});
+            // The recomputed forward dispatches again: the same all-to-alls.
+            layouts.push_back({"ep2_full", "--set parallel.ep=2 --set parallel.recompute=full"});
+            layouts.push_back({"pp2", pp2});
+        }
+        for (const auto& [name, extra] : layouts) {
+            run(arch + "_" + name, 4, 4, arch, moe + extra);
+            expect_same(arch + "_base", arch + "_init", arch + "_" + name, 1e-5, 1e-4, 1e-4);
+        }
+    }
+    // The all-to-alls happened and were timed apart: ep 4 logs their time,
+    // and its trace has them as spans of their own.
+    double ep4 = 0;
+    for (const auto& j : runs_->metrics("gpt2_ep4")) ep4 += j.value("ep_comm_s", 0.0);
+    EXPECT_GT(ep4, 0.0);
+    std::ifstream trace(dir_ / "gpt2_ep4" / "trace" / "rank_00000.json");
+    const std::string text((std::istreambuf_iterator<char>(trace)), {});
+    EXPECT_NE(text.find("\"ep all-to-all\""), std::string::npos);
+    EXPECT_NE(text.find("\"all_to_all_v\""), std::string::npos);
+}
+
+TEST_F(Layouts, MixtureOfExpertsInBf16TracksOneRankWithinBf16Tolerance) {
+    // The attention and dense blocks in bf16, the MoE blocks' router and
+    // experts in fp32: expert parallelism against one rank, within the bf16
+    // layouts' tolerance (Bf16LayoutsTrackOneRankWithinBf16Tolerance).
+    const std::string bf16 = gpt2_moe() + "--set train.precision=bf16 ";
+    run("base", 1, 4, "gpt2", bf16 + "--set train.grad_accum=16 --set train.ckpt_every=5");
+    init("init", "gpt2", bf16);
+    for (const auto& [name, extra] : std::vector<std::pair<std::string, std::string>>{
+             {"ep2", "--set parallel.ep=2"},
+             {"ep4_zero1", "--set parallel.ep=4 --set parallel.zero_stage=1"}}) {
+        run(name, 4, 4, "gpt2", bf16 + extra);
+        expect_same("base", "init", name, 2e-3, 2e-2, 5e-2);
+    }
+    // Tight enough to fail a run that trained half as long.
+    EXPECT_GT(runs_->update_difference("base", "base", "init", 10, 5), 5e-2);
+    // And the model did run in bf16: the fp32 run's losses differ.
+    run("fp32", 1, 4, "gpt2", gpt2_moe() + "--set train.grad_accum=16");
+    EXPECT_NE(runs_->series("base", "loss"), runs_->series("fp32", "loss"));
+}
+
+TEST_F(Layouts, ExpertParallelCheckpointsStoreEachExpertOnceAndReshard) {
+    // Routing without a capacity or router losses depends on each token
+    // alone, so runs with other micro-batches (fewer ranks, more rows each)
+    // end where the uninterrupted one does. ep 4 -> 2, 2 -> 1, 1 -> 2.
+    const std::string moe = gpt2_moe() +
+                            "--set model.moe_dropless=true --set model.moe_aux_loss_coef=0 "
+                            "--set model.moe_z_loss_coef=0 --set train.ckpt_every=5 ";
+    run("one", 1, 1, "gpt2", moe);
+    init("init", "gpt2", moe);
+    run("ep4", 4, 4, "gpt2", moe + "--set parallel.ep=4");
+    run("ep2", 2, 2, "gpt2", moe + "--set parallel.ep=2");
+    // Each expert tensor's parameters are in the ep 4 checkpoint once: the
+    // pieces of its edp group, no rank repeating another's.
+    const json manifest =
+        json::parse(std::ifstream(dir_ / "ep4" / "ckpt" / "step_00000005" / "manifest.json"));
+    std::map<std::string, int64_t> stored, numel;
+    for (const auto& c : manifest["chunks"]) {
+        if (c["kind"] != "param") continue;
+        const std::string t = c["tensor"];
+        stored[t] += c["count"].get<int64_t>();
+        int64_t n = 1;
+        for (const auto& d : c["placement"]["global_shape"]) n *= d.get<int64_t>();
+        numel[t] = n;
+    }
+    ASSERT_TRUE(stored.count("h.1.mlp.experts.3.c_fc.weight"));
+    for (const auto& [t, n] : stored) EXPECT_EQ(n, numel[t]) << t;
+    // Resume each from step 5 on another ep (and rank count).
+    for (const auto& [from, ranks, ep] : std::vector<std::tuple<std::string, int, int>>{
+             {"ep4", 2, 2}, {"ep2", 1, 1}, {"one", 2, 2}}) {
+        SCOPED_TRACE(from);
+        const std::string to = from + "_to_ep" + std::to_string(ep);
+        fs::copy(dir_ / from, dir_ / to, fs::copy_options::recursive);
+        fs::remove_all(dir_ / to / "ckpt" / "step_00000010");
+        std::ofstream(dir_ / to / "ckpt" / "latest", std::ios::trunc) << "step_00000005";
+        const std::string launcher =
+            ranks > 1 ? std::string(APIARY_MPIRUN) + " -n " + std::to_string(ranks) + " " : "";
+        const auto r = run_command(
+            launcher + apiary_bin() + " train --resume " + (dir_ / to).string() +
+            " --set parallel.ep=" + std::to_string(ep) + " --set train.batch_size=" +
+            std::to_string(4 / ranks) + " --set parallel.dp=" + std::to_string(ranks));
+        ASSERT_EQ(r.exit_code, 0) << r.output;
+        const double d = runs_->update_difference("one", to, "init", 10);
+        EXPECT_LT(d, 1e-4) << to;
+        std::printf("  %-28s parameters differ by %.2e of their movement\n", to.c_str(), d);
     }
 }
 

@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "core/error.h"
 #include "plan/collectives.h"
 #include "plan/memory.h"
 #include "plan/step_time.h"
@@ -105,6 +106,50 @@ TEST(PlanClosedForm, GroupsCrossTheRightTier) {
     EXPECT_EQ(group_path(in.c, Group{16, 8}).tier, "rail");
     // Crossing nodes is slower than staying inside one for the same bytes.
     EXPECT_GT(all_reduce_s(in.c, Group{8, 8}, 1e9), all_reduce_s(in.c, Group{8, 1}, 1e9));
+}
+
+// A fabric given by its measured or shaped rate and latency rather than a
+// catalog name: the rate as tc writes it, one link per node shared by its
+// ranks, and the ring all-reduce across the two nodes priced on it.
+TEST(PlanClosedForm, LinkRateAndLatencyKeys) {
+    auto in = input({"cluster.gpus=4", "cluster.gpus_per_node=2", "cluster.inter_link_rate=1gbit",
+                     "cluster.inter_link_latency=100us", "cluster.intra_link_rate=4GB/s",
+                     "cluster.intra_link_latency=2us", "cluster.collective=ring"});
+    EXPECT_DOUBLE_EQ(in.c.inter.bw * in.c.inter.efficiency, 125e6);
+    EXPECT_DOUBLE_EQ(in.c.inter.latency, 100e-6);
+    EXPECT_DOUBLE_EQ(in.c.intra.latency, 2e-6);
+    // 4 ranks on 2 nodes, each node's two ranks driving one link each (the
+    // topology's tier adds its switch latency to the link's).
+    EXPECT_GT(group_path(in.c, Group{4, 1}).inter_alpha, 100e-6);
+    EXPECT_DOUBLE_EQ(all_reduce_s(in.c, Group{4, 1}, 1e9),
+                     ring_all_reduce_s(4, 1e9, 250e6, group_path(in.c, Group{4, 1}).inter_alpha));
+
+    auto shared = input({"cluster.gpus=4", "cluster.gpus_per_node=2",
+                         "cluster.inter_link_rate=100mbit", "cluster.inter_link_efficiency=0.96",
+                         "cluster.nic_shared=true", "cluster.collective=ring"});
+    EXPECT_DOUBLE_EQ(shared.c.inter.bw * shared.c.inter.efficiency, 12.5e6 * 0.96 / 2);
+    // Flat: the ring crosses each node's one link in each direction.
+    EXPECT_DOUBLE_EQ(
+        all_reduce_s(shared.c, Group{4, 1}, 1e9),
+        ring_all_reduce_s(4, 1e9, 12.5e6 * 0.96, group_path(shared.c, Group{4, 1}).inter_alpha));
+    // One member per node (dp across nodes beside tp inside): half the link.
+    EXPECT_DOUBLE_EQ(all_reduce_s(shared.c, Group{2, 2}, 1e9),
+                     ring_all_reduce_s(2, 1e9, 12.5e6 * 0.96 / 2,
+                                       group_path(shared.c, Group{2, 2}).inter_alpha));
+
+    for (const char* bad : {"cluster.inter_link_rate=1gb", "cluster.inter_link_rate=fast",
+                            "cluster.inter_link_rate=-1gbit", "cluster.intra_link_rate=0GB/s"}) {
+        try {
+            input({bad});
+            ADD_FAILURE() << bad << " was accepted";
+        } catch (const ConfigError& e) {
+            const std::string key = std::string(bad).substr(0, std::string(bad).find('='));
+            EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+            EXPECT_NE(std::string(e.what()).find("1gbit"), std::string::npos) << e.what();
+        }
+    }
+    EXPECT_THROW(input({"cluster.inter_link_latency=5 ms"}), ConfigError);
+    EXPECT_THROW(input({"cluster.inter_link_latency=5"}), ConfigError);
 }
 
 // Korthikanti et al. 2022, Table 2, per layer: sbh(10 + 24/t + 5as/(ht)) and

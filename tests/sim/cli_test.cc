@@ -240,6 +240,86 @@ TEST(SimCli, SwfCapacityAndPriorityErrorsNameWhatAndWhere) {
 
 // Jobs given as a model and a layout: the planner times them, and one
 // that does not fit in memory is rejected with its reason.
+// CSV cells of one line (no quotes in these files).
+std::vector<std::string> cells(const std::string& line) {
+    std::vector<std::string> c;
+    std::stringstream ss(line);
+    for (std::string x; std::getline(ss, x, ',');) c.push_back(x);
+    return c;
+}
+
+// A log recorded under FIFO (a synthetic trace, its FIFO starts written in
+// as recorded_start) is fitted back to FIFO on its first half, and the rest
+// then matches the record exactly; the same run twice gives the same
+// report; a log without recorded starts is refused.
+TEST(SimCli, FitRecoversFifoFromItsOwnLog) {
+    TempDir d;
+    const std::string gpus = " --gpus 64xH100-SXM";
+    auto r =
+        run_command(sim("trace --jobs 300 --load 1.1 --accounts 1 --high-priority-frac 0 "
+                        "--seed 5 --out " +
+                        d / "t.csv" + gpus));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = run_command(sim("cluster --trace " + d / "t.csv" + gpus + " --policies fifo --jobs-out " +
+                        d / "j.csv"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::istringstream trace(slurp(d / "t.csv")), jobs(slurp(d / "j.csv"));
+    std::string line, row;
+    std::getline(trace, line);
+    std::getline(jobs, row);
+    std::ofstream rec(d / "rec.csv");
+    rec << line << ",recorded_start\n";
+    while (std::getline(trace, line) && std::getline(jobs, row)) {
+        const auto t = cells(line), j = cells(row);
+        ASSERT_EQ(t[0], j[0]);
+        rec << line << "," << j[5] << "\n";  // start
+    }
+    rec.close();
+    const std::string fit = sim("fit --trace " + d / "rec.csv" + gpus + " --json --jobs-out ");
+    r = run_command(fit + d / "fit1.csv");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto j = nlohmann::json::parse(r.output);
+    EXPECT_EQ(j["fit"]["chosen"], "--policies fifo");
+    EXPECT_GT(j["fit"]["tried"].size(), 20u);
+    const auto all = j["rest"][0];
+    EXPECT_EQ(all["group"], "all");
+    EXPECT_GT(all["jobs"].get<int>(), 100);
+    EXPECT_DOUBLE_EQ(all["mean_wait_s"].get<double>(), all["recorded_mean_wait_s"].get<double>());
+    EXPECT_DOUBLE_EQ(all["p90_wait_s"].get<double>(), all["recorded_p90_wait_s"].get<double>());
+    EXPECT_DOUBLE_EQ(all["spearman_wait"].get<double>(), 1.0);
+    EXPECT_EQ(j["rest"][1]["group"], "nodes 1") << j["rest"].dump();
+    // --jobs-out: the recorded wait beside the simulated one, equal here.
+    std::istringstream out(slurp(d / "fit1.csv"));
+    std::getline(out, line);
+    EXPECT_NE(line.find("wait_s"), std::string::npos);
+    EXPECT_NE(line.find("recorded_wait_s"), std::string::npos);
+    int rows = 0;
+    while (std::getline(out, line)) {
+        const auto c = cells(line);
+        ASSERT_GE(c.size(), 21u) << line;
+        EXPECT_EQ(c[7], c[20]) << line;
+        ++rows;
+    }
+    EXPECT_EQ(rows, 300);
+    // Deterministic: everything but the search's wall time is the same.
+    r = run_command(fit + d / "fit2.csv");
+    auto j2 = nlohmann::json::parse(r.output);
+    j["fit"].erase("search_s");
+    j2["fit"].erase("search_s");
+    EXPECT_EQ(j.dump(), j2.dump());
+    EXPECT_EQ(slurp(d / "fit1.csv"), slurp(d / "fit2.csv"));
+    // Text output names the chosen setting and the targets.
+    r = run_command(sim("fit --trace " + d / "rec.csv" + gpus));
+    EXPECT_NE(r.output.find("chosen: --policies fifo"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("Spearman met"), std::string::npos) << r.output;
+    // Nothing recorded: nothing to fit.
+    r = run_command(sim("fit --trace " + d / "t.csv" + gpus));
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("records no starts"), std::string::npos) << r.output;
+    r = run_command(sim("fit --trace " + d / "rec.csv" + gpus + " --policies twolevel"));
+    EXPECT_NE(r.output.find("'twolevel' has nothing to fit"), std::string::npos) << r.output;
+}
+
 TEST(SimCli, ModelJobsAreTimedByThePlanner) {
     TempDir d;
     std::ofstream(d / "m.csv") << "id,submit,devices,model,tp,pp,global_batch,seq_len,steps\n"
@@ -325,7 +405,7 @@ TEST(SimCli, ErrorsNameWhatAndWhere) {
 // Every option of every `apiary sim` subcommand is in the user guide.
 TEST(SimCli, UserGuideListsEveryOption) {
     const std::string guide = slurp(std::string(APIARY_SOURCE_DIR) + "/docs/user-guide.md");
-    for (const char* sub : {"cluster", "comm", "trace"}) {
+    for (const char* sub : {"cluster", "fit", "comm", "trace"}) {
         const auto r = run_command(sim(std::string(sub) + " --help"));
         ASSERT_EQ(r.exit_code, 0) << r.output;
         size_t pos = 0;

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "sim/report.h"
 #include "sim_test_util.h"
 
 namespace apiary::sim {
@@ -186,7 +187,8 @@ TEST(SimScheduler, TimeLimitEndsARun) {
 }
 
 // The scheduler's latency delays a job's first chance to start, and the
-// reuse of the devices a run held.
+// reuse of the devices a run held; the devices are not busy in between
+// (utilisation and device-hours count the runs only).
 TEST(SimScheduler, LatencyDelaysArrivalsAndReleases) {
     std::vector<SimJob> jobs = {test::job("first", 0, 2, 5), test::job("second", 0, 2, 5)};
     SimConfig cfg = test::cluster(1, 2);
@@ -196,6 +198,53 @@ TEST(SimScheduler, LatencyDelaysArrivalsAndReleases) {
     EXPECT_DOUBLE_EQ(r.jobs[0].end, 6);
     EXPECT_DOUBLE_EQ(r.jobs[1].start, 7);
     EXPECT_DOUBLE_EQ(r.jobs[1].start - jobs[1].spec.submit, 7);  // the wait counts it
+    EXPECT_DOUBLE_EQ(r.busy_device_s, 2 * 5 + 2 * 5.0);          // not 2 x (5 + 1) each
+    EXPECT_DOUBLE_EQ(r.jobs[0].device_s, 2 * 5.0);
+}
+
+// Fragmentation: a 3-device job leaves one device of its 4-device node
+// free, too few for a 2-device job, which waits; the idle devices on partly
+// busy nodes are counted.
+TEST(SimScheduler, FragmentedDevicesAreCounted) {
+    std::vector<SimJob> jobs = {test::job("three", 0, 3, 100), test::job("four", 0, 4, 100),
+                                test::job("two", 0, 2, 50)};
+    const SimResult r = simulate(jobs, test::cluster(2, 4), parse_policy("fifo"));
+    EXPECT_DOUBLE_EQ(r.jobs[2].start, 100);
+    // 0-100: node 0 has 1 free of 4 (fragmented); 100-150: "two" on a node
+    // leaves 2 free beside it, the other node wholly free (not counted).
+    EXPECT_DOUBLE_EQ(r.fragmented_device_s, 1 * 100 + 2 * 50.0);
+    const Summary s = summarize(jobs, r);
+    EXPECT_DOUBLE_EQ(s.fragmented_device_hours, 200 / 3600.0);
+    // Idle device-time: 1 x 100 + 6 x 50 = 400 s, of which 200 fragmented.
+    EXPECT_DOUBLE_EQ(s.fragmented_idle_share, 0.5);
+}
+
+// Leaf switches of 4 nodes: a 2-node and a 1-node job fill leaf 0 best-fit,
+// so a 4-node job finds leaf 1 whole; without leaves the same jobs take
+// nodes from the top down and the 4-node job straddles both leaves.
+TEST(SimScheduler, JobsStayInsideALeafWhenOneHasRoom) {
+    std::vector<SimJob> jobs = {test::job("a", 0, 2, 100), test::job("b", 0, 1, 100),
+                                test::job("c", 0, 4, 100)};
+    SimConfig c = test::cluster(8, 1);
+    auto nodes_of = [](const SimResult& r, int j) {
+        std::set<int32_t> n;
+        for (const Segment& s : r.segments) {
+            if (s.job == j)
+                n.insert(r.slots.begin() + s.slot_begin,
+                         r.slots.begin() + s.slot_begin + s.slot_count);
+        }
+        return n;
+    };
+    c.nodes_per_leaf = 4;
+    SimResult r = simulate(jobs, c, parse_policy("fifo"));
+    EXPECT_EQ(r.leaf_fit_runs, 3);
+    EXPECT_EQ(r.leaf_split_runs, 0);
+    EXPECT_EQ(nodes_of(r, 2), (std::set<int32_t>{4, 5, 6, 7}));
+    c.nodes_per_leaf = 0;
+    r = simulate(jobs, c, parse_policy("fifo"));
+    EXPECT_EQ(r.leaf_fit_runs, 0);  // not counted without leaves
+    const auto spread = nodes_of(r, 2);
+    EXPECT_TRUE(*spread.begin() < 4 && *spread.rbegin() >= 4) << "expected to straddle";
 }
 
 // At the horizon the simulation stops: a run still going is accounted up to

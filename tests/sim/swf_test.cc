@@ -116,8 +116,8 @@ TEST(SimSwf, MoreProcessorsThanTheHeaderIsAWarningNamingLineAndField) {
     EXPECT_EQ(t.jobs[0].devices, 40);
     const std::string notes = fmt::format("{}", fmt::join(t.notes, "\n"));
     EXPECT_NE(notes.find("warning: t.swf:5: field 5 (allocated processors): 40 processors, more "
-                         "than the header's MaxProcs 32 (t.swf:4) (and 2 more fields over "
-                         "MaxProcs)"),
+                         "than the header's MaxProcs 32 (t.swf:4) (and 2 more fields over the "
+                         "header)"),
               std::string::npos)
         << notes;
 }

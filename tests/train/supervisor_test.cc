@@ -80,12 +80,14 @@ TEST(LaunchCommand, HostsRootAndLauncherArgsReachMpirun) {
     LaunchHost h = host8();
     h.root = true;
     // With hosts the ranks are not all here: no oversubscription.
+    // clang-format off
     EXPECT_EQ(launch_command(o, h),
-              (Args{"mpirun", "-n", "16", "-x", "OMP_NUM_THREADS=1", "--allow-run-as-root", "--mca",
-                    "mpi_yield_when_idle", "1", "--host", "node1:8,node2:8", "--mca",
-                    "oob_tcp_keepalive_time", "5", "--mca", "oob_tcp_keepalive_intvl", "2",
-                    "--mca", "oob_tcp_keepalive_probes", "3", "--tag-output", "/opt/apiary",
-                    "train"}));
+              (Args{"mpirun", "-n", "16", "-x", "OMP_NUM_THREADS=1", "--allow-run-as-root",
+                    "--mca", "mpi_yield_when_idle", "1", "--host", "node1:8,node2:8",
+                    "--mca", "oob_tcp_keepalive_time", "5", "--mca", "oob_tcp_keepalive_intvl", "2",
+                    "--mca", "oob_tcp_keepalive_probes", "3", "--mca", "btl_tcp_links", "2",
+                    "--tag-output", "/opt/apiary", "train"}));
+    // clang-format on
 }
 
 TEST(LaunchCommand, SrunInsideSlurmOrWhenAsked) {

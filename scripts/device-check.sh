@@ -114,22 +114,32 @@ build() {
 }
 # A carried bundle is used as it is (USE_BUNDLE=0 builds anyway): building
 # here takes minutes of the lease, and the image may lack the dependencies.
-if [ -x .device/bin/test_cuda_kernels ] && [ "${USE_BUNDLE:-1}" != 0 ]; then
-    log "build: using the carried bundle .device/ (scripts/device-bundle.sh)"
-    BIN=.device/bin
-    export LD_LIBRARY_PATH="$PWD/.device/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-elif stage configure 60 "$OUT/build.log" configure && stage build 300 "$OUT/build.log" build; then
-    BIN="$BUILD/tests/device"
-    APIARY="$BUILD/apiary"
-fi
-# The CUDA libraries the binaries link (cuBLASLt, cudart): the toolkit's, or
-# the pip wheels' that PyTorch uses.
+# The CUDA libraries the binaries and the CUDA module link (cuBLASLt; NCCL
+# for test_cuda_nccl): the toolkit's, or the pip wheels' that PyTorch uses.
+[ -d .device/lib ] && LD_LIBRARY_PATH="$PWD/.device/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 for d in /usr/local/cuda/lib64 /usr/local/cuda/lib \
     $(python3 -c 'import nvidia, os; [print(os.path.join(p, s, "lib")) for p in nvidia.__path__ for s in ("cublas", "cuda_runtime", "nccl")]' 2>/dev/null); do
     [ -d "$d" ] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
 done
 export LD_LIBRARY_PATH
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >> "$OUT/env.txt"
+if [ -x .device/bin/test_cuda_kernels ] && [ "${USE_BUNDLE:-1}" != 0 ]; then
+    # Built on another image: if it does not even start here (a missing
+    # library, an older glibc), build instead.
+    if .device/bin/test_cuda_kernels --gtest_list_tests >> "$OUT/build.log" 2>&1 &&
+        .device/bin/apiary_device_train --device cpu --preset tiny --batch 1 --seq 8 --steps 1 \
+            >> "$OUT/build.log" 2>&1; then
+        log "build: using the carried bundle .device/ (scripts/device-bundle.sh)"
+        BIN=.device/bin
+    else
+        log "build: the carried bundle does not run here (build.log); building instead"
+    fi
+fi
+if [ -z "$BIN" ] && stage configure 60 "$OUT/build.log" configure &&
+    stage build 300 "$OUT/build.log" build; then
+    BIN="$BUILD/tests/device"
+    APIARY="$BUILD/apiary"
+fi
 
 # ---- 3. kernels ----
 if [ -n "$BIN" ]; then

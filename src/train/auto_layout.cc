@@ -31,6 +31,7 @@ core::Config with_layout(const core::Config& c, const plan::Layout& l, long long
     set("parallel.tp", std::to_string(l.tp));
     set("parallel.pp", std::to_string(l.pp));
     set("parallel.dp", std::to_string(l.dp));
+    set("parallel.ep", std::to_string(l.ep));
     set("parallel.zero_stage", std::to_string(l.zero));
     set("parallel.recompute", core::recompute_name(l.recompute));
     set("parallel.sequence_parallel", l.sp ? "true" : "false");
@@ -88,8 +89,8 @@ LayoutChoice choose_layout(const core::Config& c, int world_size, int ranks_per_
     long long refused = 0;
     std::string first_refusal;
     for (const plan::Plan& cand : r.best) {
-        // Axes the planner models and the trainer does not train.
-        if (cand.l.cp != 1 || cand.l.ep != 1) continue;
+        // The axis the planner models and the trainer does not train.
+        if (cand.l.cp != 1) continue;
         try {
             validate_config(with_layout(c, cand.l, global_batch), world_size);
         } catch (const ConfigError& e) {

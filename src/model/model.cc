@@ -98,10 +98,10 @@ Transformer::Transformer(const core::ModelSpec& spec, int64_t max_B, int64_t max
                 "parallel.ep = {} needs model.n_expert to be a multiple of it (n_expert = {})",
                 shard_.ep_size, spec_.n_expert));
         }
-        if (storage_ != Storage::full) {
+        if (storage_ == Storage::sharded) {
             throw ConfigError(fmt::format(
-                "parallel.ep = {}: expert parallelism runs with parallel.zero_stage 0 or 1 "
-                "(not yet 2 or 3)",
+                "parallel.ep = {}: expert parallelism runs with parallel.zero_stage 0-2 "
+                "(not yet 3)",
                 shard_.ep_size));
         }
     }

@@ -360,10 +360,15 @@ void Transformer::backward(int chunk, int slot, const float* grad_output) {
     for (size_t j = c.layers.size(); j-- > 0;) {
         const int l = c.layers[j];
         const int u = unit_of_layer(l);
+        // Under expert parallelism the block's routed experts are a unit of
+        // their own (-1 otherwise), lent with the block's.
+        const int xu = expert_unit_[size_t(l)];
         use_params(u, j > 0 ? unit_of_layer(c.layers[j - 1]) : -1);
         use_grads(u);
+        if (xu >= 0) use_grads(xu);
         const float* in = j == 0 ? act(s.input) : act(s.layers[j - 1].res3);
         block_backward(l, s.layers[j], in, B, T);
+        if (xu >= 0) done_grads(xu);
         done_grads(u);
         drop_params(u);
         report_ready(units_[size_t(u)].begin);

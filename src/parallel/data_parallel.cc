@@ -25,7 +25,7 @@ DataParallel::DataParallel(comm::ProcessGroup& group, model::Transformer& model,
       experts_(o.experts),
       zero_(group.size() == 1 ? 0 : o.zero_stage) {
     check_zero_stage(zero_);
-    APIARY_CHECK(experts_.ep == 1 || (experts_.edp && zero_ <= 1),
+    APIARY_CHECK(experts_.ep == 1 || (experts_.edp && zero_ <= 2),
                  "expert parallelism over {} ranks at ZeRO stage {}", experts_.ep, zero_);
     if (group_.size() == 1) {
         sync_ = std::make_unique<LocalSync>();
@@ -39,7 +39,7 @@ DataParallel::DataParallel(comm::ProcessGroup& group, model::Transformer& model,
                                                         experts_);
         } else {
             auto store = std::make_unique<ShardedStore>(group_, model_, *shards_, zero_,
-                                                        o.bf16_wire);
+                                                        o.bf16_wire, experts_.ep);
             store->set_before_reduce(std::move(before_reduce));
             store_ = store.get();
             sync_ = std::move(store);

@@ -56,11 +56,11 @@ void check_expert_parallel(const ParallelLayout& l, const core::ModelSpec& spec)
             "pipeline parallelism (not yet with tensor parallelism); set parallel.tp = 1",
             ep, l.mesh.tp));
     }
-    if (l.zero_stage >= 2) {
+    if (l.zero_stage >= 3) {
         throw ConfigError(fmt::format(
             "parallel.zero_stage = {} with parallel.ep = {}: expert parallelism runs with ZeRO "
-            "stages 0 and 1 (the experts' optimizer state sharded over dp / ep ranks); use "
-            "parallel.zero_stage = 1",
+            "stages 0-2 (the experts' gradients and optimizer state sharded over dp / ep ranks); "
+            "use parallel.zero_stage = 2",
             l.zero_stage, ep));
     }
 }

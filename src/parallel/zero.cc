@@ -359,16 +359,21 @@ void ReduceScatterSync::finish() {
 // ---- stages 2-3 ----
 
 ShardedStore::ShardedStore(comm::ProcessGroup& dp, model::Transformer& model, DpShards& shards,
-                           int zero_stage, bool bf16_wire)
+                           int zero_stage, bool bf16_wire, int ep)
     : dp_(dp),
       model_(model),
       shards_(shards),
       zero_stage_(zero_stage),
       bf16_wire_(bf16_wire),
+      ep_(ep),
       units_(model.units()) {
     APIARY_CHECK(model.storage() == storage_for(zero_stage),
                  "the model's storage does not match ZeRO stage {}", zero_stage);
-    const int n = dp.size();
+    APIARY_CHECK(ep_ == 1 || zero_stage_ == 2, "expert parallelism at ZeRO stage {}", zero_stage);
+    // The smallest group a unit is reduced over (the edp group's, under
+    // expert parallelism) gives the largest piece that comes back.
+    int n = dp.size();
+    for (int u = 0; u < int(units_.size()); ++u) n = std::min(n, shards.group_of(u).size());
     const int64_t packed = shards.packed_size();
     int64_t largest = 0, largest_block = 0;
     const int post = int(units_.size()) - 1;
@@ -551,14 +556,17 @@ void ShardedStore::release_grads(int u) {
     if (before_reduce_) before_reduce_(u, s->buf.f32());
     const auto& p = shards_.pieces()[size_t(u)];
     const int64_t count = units_[size_t(u)].size();
+    // An expert unit's mean is over all dp ranks: 1 / ep of its edp mean.
+    if (units_[size_t(u)].expert) kernels::scale_inplace(s->buf.f32(), count, 1.0f / float(ep_));
+    comm::ProcessGroup& g = shards_.group_of(u);
     count_start();
     if (bf16_wire_) {
         kernels::to_bf16(s->wire.data<uint16_t>(), s->buf.f32(), count);
-        s->work = dp_.reduce_scatter(s->wire.data<uint16_t>(), s->recv.data<uint16_t>(), p.count,
-                                     DType::bf16, comm::ReduceOp::avg, {"zero_grads", u});
+        s->work = g.reduce_scatter(s->wire.data<uint16_t>(), s->recv.data<uint16_t>(), p.count,
+                                   DType::bf16, comm::ReduceOp::avg, {"zero_grads", u});
     } else {
-        s->work = dp_.reduce_scatter(s->buf.f32(), s->recv.f32(), p.count, DType::f32,
-                                     comm::ReduceOp::avg, {"zero_grads", u});
+        s->work = g.reduce_scatter(s->buf.f32(), s->recv.f32(), p.count, DType::f32,
+                                   comm::ReduceOp::avg, {"zero_grads", u});
     }
 }
 

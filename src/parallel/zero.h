@@ -223,8 +223,10 @@ class ShardedStore : public model::UnitStore, public GradSync {
     // before_reduce(u, grads), if set, runs on a unit's lent gradients just
     // before their reduction (the engine sums sequence-parallel gradients
     // over the tensor-parallel ranks there).
+    // ep > 1 (stage 2 only): expert units are scaled by 1 / ep and reduced
+    // over their edp group (DpShards::group_of), like ExpertReductions.
     ShardedStore(comm::ProcessGroup& dp, model::Transformer& model, DpShards& shards,
-                 int zero_stage, bool bf16_wire);
+                 int zero_stage, bool bf16_wire, int ep = 1);
     ~ShardedStore() override;
     void set_before_reduce(std::function<void(int, float*)> f) { before_reduce_ = std::move(f); }
 
@@ -275,6 +277,7 @@ class ShardedStore : public model::UnitStore, public GradSync {
     DpShards& shards_;
     int zero_stage_;
     bool bf16_wire_;
+    int ep_ = 1;
     std::vector<model::Unit> units_;
     core::Tensor master_;                // stage 3: this rank's pieces of the parameters
     core::Tensor grad_shard_;            // its pieces of the mean gradients

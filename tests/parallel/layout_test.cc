@@ -174,9 +174,9 @@ TEST(ParallelLayout, ExpertParallelismIsCarvedOutOfTheDataParallelRanks) {
     EXPECT_NE(error_of({"parallel.ep=2"}, 2).find("parallel.ep = 2 needs a mixture-of-experts "
                                                   "model (model.n_expert > 0)"),
               std::string::npos);
-    EXPECT_NE(error_of(with({"parallel.ep=2", "parallel.zero_stage=2"}), 4)
-                  .find("parallel.zero_stage = 2 with parallel.ep = 2: expert parallelism runs "
-                        "with ZeRO stages 0 and 1"),
+    EXPECT_NE(error_of(with({"parallel.ep=2", "parallel.zero_stage=3"}), 4)
+                  .find("parallel.zero_stage = 3 with parallel.ep = 2: expert parallelism runs "
+                        "with ZeRO stages 0-2"),
               std::string::npos);
     EXPECT_NE(error_of(with({"parallel.ep=2", "parallel.tp=2"}), 4)
                   .find("parallel.ep = 2 with parallel.tp = 2: expert parallelism runs with data "

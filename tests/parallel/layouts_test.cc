@@ -251,7 +251,8 @@ TEST_F(Layouts, ExpertParallelMatchesOneRank) {
         std::vector<std::pair<std::string, std::string>> layouts = {
             {"ep2", "--set parallel.ep=2"},
             {"ep4", "--set parallel.ep=4 --set profile.steps=2-2"},
-            {"ep2_pp2", pp2 + "--set parallel.ep=2"}};
+            {"ep2_pp2", pp2 + "--set parallel.ep=2"},
+            {"ep4_zero2", "--set parallel.ep=4 --set parallel.zero_stage=2"}};
         if (arch == "gpt2") {
             layouts.push_back({"ep1", "--set parallel.ep=1"});
             layouts.push_back({"ep2_zero1", "--set parallel.ep=2 --set parallel.zero_stage=1"});

@@ -1,5 +1,7 @@
 #include "model/param_registry.h"
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 
 namespace apiary::model {
@@ -70,6 +72,37 @@ int64_t ParamRegistry::num_params() const {
     int64_t n = 0;
     for (const auto& e : entries_) n += e.numel();
     return n;
+}
+
+std::string block_prefix(bool gpt2, int l) {
+    return gpt2 ? fmt::format("h.{}.", l) : fmt::format("model.layers.{}.", l);
+}
+
+BlockHandles block_handles(const ParamRegistry& r, bool gpt2, int l) {
+    const std::string p = block_prefix(gpt2, l);
+    BlockHandles b;
+    if (gpt2) {
+        b.ln1_w = r.index_of(p + "ln_1.weight");
+        b.ln1_b = r.index_of(p + "ln_1.bias");
+        b.qkv_w = r.index_of(p + "attn.c_attn.weight");
+        b.qkv_b = r.index_of(p + "attn.c_attn.bias");
+        b.proj_w = r.index_of(p + "attn.c_proj.weight");
+        b.proj_b = r.index_of(p + "attn.c_proj.bias");
+        b.ln2_w = r.index_of(p + "ln_2.weight");
+        b.ln2_b = r.index_of(p + "ln_2.bias");
+        b.fc_w = r.index_of(p + "mlp.c_fc.weight");
+        b.fc_b = r.index_of(p + "mlp.c_fc.bias");
+        b.fc2_w = r.index_of(p + "mlp.c_proj.weight");
+        b.fc2_b = r.index_of(p + "mlp.c_proj.bias");
+    } else {
+        b.ln1_w = r.index_of(p + "input_layernorm.weight");
+        b.qkv_w = r.index_of(p + "self_attn.q_proj.weight");
+        b.proj_w = r.index_of(p + "self_attn.o_proj.weight");
+        b.ln2_w = r.index_of(p + "post_attention_layernorm.weight");
+        b.fc_w = r.index_of(p + "mlp.gate_proj.weight");
+        b.fc2_w = r.index_of(p + "mlp.down_proj.weight");
+    }
+    return b;
 }
 
 }  // namespace apiary::model

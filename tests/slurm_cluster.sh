@@ -18,6 +18,7 @@
 #   SLURM_TEST_JOBCOMP    a job-completion log (jobcomp/filetxt); empty: none
 #   SLURM_TEST_PARTITION  extra options of the partition [OverSubscribe=YES]
 # Tests that may run at the same time use different ports.
+source "$(dirname "${BASH_SOURCE[0]}")/slurm_lib.sh"
 work=$(mktemp -d /tmp/apiary-slurm.XXXXXX)
 slurm_pids=()
 munge_pid=
@@ -40,16 +41,7 @@ trap slurm_cluster_cleanup EXIT
 # munge: its own key, socket and files, so a system munged is not disturbed.
 slurm_munge_start() {
     [ -n "$munge_pid" ] && return 0
-    mkdir -p "$work/munge"
-    dd if=/dev/urandom of="$work/munge/munge.key" bs=1024 count=1 status=none
-    chmod 700 "$work/munge"
-    chmod 400 "$work/munge/munge.key"
-    munged --force --foreground --key-file="$work/munge/munge.key" \
-        --socket="$work/munge/munge.socket" --pid-file="$work/munge/munged.pid" \
-        --log-file="$work/munge/munged.log" --seed-file="$work/munge/munged.seed" \
-        >"$work/munged.out" 2>&1 &
-    munge_pid=$!
-    for i in $(seq 50); do [ -S "$work/munge/munge.socket" ] && break; sleep 0.1; done
+    slurm_munged "$work"
 }
 
 slurm_cluster_start() {  # slurm_cluster_start DIR
@@ -68,23 +60,14 @@ ClusterName=apiarytest
 SlurmctldHost=$host
 SlurmctldPort=$port
 SlurmdPort=$((port + 1))
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=socket=$work/munge/munge.socket
-CredType=cred/munge
+$(slurm_conf_auth "$work/munge/munge.socket")
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
 SlurmctldPidFile=$dir/slurmctld.pid
 SlurmdPidFile=$dir/slurmd.pid
 SlurmctldLogFile=$dir/slurmctld.log
 SlurmdLogFile=$dir/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-SlurmdParameters=config_overrides
-MpiDefault=pmix
+$(slurm_conf_plugins)
 ReturnToService=2
 SchedulerType=${SLURM_TEST_SCHED:-sched/builtin}
 SchedulerParameters=bf_interval=1,sched_min_interval=0

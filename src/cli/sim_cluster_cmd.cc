@@ -223,8 +223,12 @@ std::vector<std::string> policy_list(const Options& o, const sim::SlurmConf& slu
     return {"fifo", "backfill", "twolevel"};
 }
 
-// The trace, with users inferred when asked (--infer-users).
-sim::Trace read_log(const Options& o, const sim::ReadOptions& ro) {
+// The trace (--slurm-devices, --procs-per-node), with users inferred when
+// asked (--infer-users).
+sim::Trace read_log(const Options& o) {
+    sim::ReadOptions ro;
+    ro.devices = sim::parse_slurm_devices(o.slurm_devices);
+    ro.procs_per_node = o.procs_per_node;
     sim::Trace t = sim::read_trace(o.trace, sim::parse_trace_format(o.trace_format), ro);
     if (o.infer_users_min > 0) {
         const long long n = sim::infer_users(t, o.infer_users_min * 60);
@@ -235,6 +239,19 @@ sim::Trace read_log(const Options& o, const sim::ReadOptions& ro) {
                   : "--infer-users: the log names its users; none inferred");
     }
     return t;
+}
+
+// Whether the log records any job's start (a replay can be checked, waits fitted).
+bool records_starts(const sim::Trace& t) {
+    bool recorded = false;
+    for (const auto& j : t.jobs) recorded |= j.recorded_start >= 0;
+    return recorded;
+}
+
+double last_submit(const sim::Trace& t) {
+    double last = 0;
+    for (const auto& j : t.jobs) last = std::max(last, j.submit);
+    return last;
 }
 
 // Everything one `sim cluster` run produced, for its outputs.
@@ -260,9 +277,7 @@ void set_capacity(const Options& o, Outcome& r) {
                 "--capacity implied infers the whole timeline from the log: give it alone, "
                 "without capacity files");
         }
-        bool recorded = false;
-        for (const auto& j : r.trace.jobs) recorded |= j.recorded_start >= 0;
-        if (!recorded) {
+        if (!records_starts(r.trace)) {
             throw ConfigError(fmt::format(
                 "--capacity implied: {} records no starts (SWF wait -1, or no Start in Slurm's "
                 "record): there is nothing to infer capacity from",
@@ -277,6 +292,20 @@ void set_capacity(const Options& o, Outcome& r) {
     sim::CapacityInput in;
     for (const auto& f : o.capacity) sim::read_capacity_csv(f, in, r.trace.origin_epoch);
     r.c.capacity = sim::capacity_timeline(in, r.c.nodes);
+}
+
+// The cluster of cfg (r.pc) and the simulator's setting on it (r.c: Slurm's
+// reaction latency from its records under --latency-s auto, --capacity);
+// returns the model of the jobs' costs on r.pc.
+sim::JobModel set_up_cluster(const Options& o, const core::Config& cfg, const sim::SlurmConf& slurm,
+                             Outcome& r) {
+    r.pc = plan::cluster_from(cfg, cfg.get_int("cluster.gpus"));
+    sim::JobModel model(cfg, r.pc, o.ckpt_interval_s);
+    r.c = sim_config(o, r.pc, model, slurm);
+    // Only Slurm's own records say how fast its controller reacted.
+    if (o.latency == "auto" && r.trace.slurm) r.c.latency_s = sim::record_latency_s(r.trace);
+    set_capacity(o, r);
+    return model;
 }
 
 void print_text(const Options& o, const Outcome& r) {
@@ -410,29 +439,18 @@ void print_json(const Options& o, const Outcome& r) {
 void run(const Options& o) {
     core::Config cfg = resolve_sim_config(o.cluster);
     Outcome r;
-    sim::ReadOptions ro;
-    ro.devices = sim::parse_slurm_devices(o.slurm_devices);
-    ro.procs_per_node = o.procs_per_node;
-    r.trace = read_log(o, ro);
+    r.trace = read_log(o);
     sim::SlurmConf slurm;
     size_cluster(o, r.trace, cfg, &slurm);
-    bool replay = false;
-    for (const auto& j : r.trace.jobs) replay |= j.recorded_start >= 0;
+    const bool replay = records_starts(r.trace);
     std::vector<sim::Policy> policies;
     for (const auto& name : policy_list(o, slurm, replay)) {
         policies.push_back(sim::parse_policy(name));
     }
-    r.pc = plan::cluster_from(cfg, cfg.get_int("cluster.gpus"));
-    sim::JobModel model(cfg, r.pc, o.ckpt_interval_s);
-    r.c = sim_config(o, r.pc, model, slurm);
-    // Only Slurm's own records say how fast its controller reacted.
-    if (o.latency == "auto" && r.trace.slurm) r.c.latency_s = sim::record_latency_s(r.trace);
-    set_capacity(o, r);
+    sim::JobModel model = set_up_cluster(o, cfg, slurm, r);
     r.jobs = sim::prepare_jobs(r.trace, model, r.c);
     // Jobs submitted in the first --warmup-fraction of the log warm the queue up.
-    double last_submit = 0;
-    for (const auto& j : r.trace.jobs) last_submit = std::max(last_submit, j.submit);
-    const double compare_from = o.warmup_fraction * last_submit;
+    const double compare_from = o.warmup_fraction * last_submit(r.trace);
     for (const auto& p : policies) {
         r.results.push_back(sim::simulate(r.jobs, r.c, p));
         r.sums.push_back(sim::summarize(r.jobs, r.results.back()));
@@ -482,13 +500,8 @@ sim::Trace head_of(const sim::Trace& t, double before) {
 FitOutcome fit_log(const Options& o) {
     core::Config cfg = resolve_sim_config(o.cluster);
     Outcome r;
-    sim::ReadOptions ro;
-    ro.devices = sim::parse_slurm_devices(o.slurm_devices);
-    ro.procs_per_node = o.procs_per_node;
-    r.trace = read_log(o, ro);
-    bool recorded = false;
-    for (const auto& j : r.trace.jobs) recorded |= j.recorded_start >= 0;
-    if (!recorded) {
+    r.trace = read_log(o);
+    if (!records_starts(r.trace)) {
         throw ConfigError(fmt::format(
             "sim fit: {} records no starts (SWF wait -1, or no Start in Slurm's record): there "
             "are no waits to fit to; `apiary sim cluster` still simulates it",
@@ -496,12 +509,9 @@ FitOutcome fit_log(const Options& o) {
     }
     sim::SlurmConf slurm;
     size_cluster(o, r.trace, cfg, &slurm);
-    r.pc = plan::cluster_from(cfg, cfg.get_int("cluster.gpus"));
-    sim::JobModel model(cfg, r.pc, o.ckpt_interval_s);
-    r.c = sim_config(o, r.pc, model, slurm);
+    // Given capacity is kept; without, the grid tries the implied one.
+    sim::JobModel model = set_up_cluster(o, cfg, slurm, r);
     r.c.record = false;
-    if (o.latency == "auto" && r.trace.slurm) r.c.latency_s = sim::record_latency_s(r.trace);
-    set_capacity(o, r);  // given capacity is kept; without, the grid tries the implied one
     const std::vector<std::string> policies =
         o.policies.empty() ? std::vector<std::string>{"fifo", "backfill", "multifactor", "wfp"}
                            : sim::split(o.policies, ',');
@@ -517,9 +527,7 @@ FitOutcome fit_log(const Options& o) {
     }
     FitOutcome f;
     f.c = r.c;
-    double last = 0;
-    for (const auto& j : r.trace.jobs) last = std::max(last, j.submit);
-    f.fit_end = o.fit_fraction * last;
+    f.fit_end = o.fit_fraction * last_submit(r.trace);
     f.warm_end = f.fit_end / 2;
     const sim::Trace head = head_of(r.trace, f.fit_end);
     const auto head_jobs = sim::prepare_jobs(head, model, r.c);

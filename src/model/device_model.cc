@@ -49,26 +49,7 @@ DeviceModel::DeviceModel(const Transformer& host, int64_t max_B, int64_t max_T, 
     }
     const auto& r = registry_;
     handles_.resize(size_t(spec_.n_layer));
-    for (int l = 0; l < spec_.n_layer; ++l) {
-        Handles& h = handles_[size_t(l)];
-        if (gpt2_) {
-            const std::string p = fmt::format("h.{}.", l);
-            h = {r.index_of(p + "ln_1.weight"),        r.index_of(p + "ln_1.bias"),
-                 r.index_of(p + "attn.c_attn.weight"), r.index_of(p + "attn.c_attn.bias"),
-                 r.index_of(p + "attn.c_proj.weight"), r.index_of(p + "attn.c_proj.bias"),
-                 r.index_of(p + "ln_2.weight"),        r.index_of(p + "ln_2.bias"),
-                 r.index_of(p + "mlp.c_fc.weight"),    r.index_of(p + "mlp.c_fc.bias"),
-                 r.index_of(p + "mlp.c_proj.weight"),  r.index_of(p + "mlp.c_proj.bias")};
-        } else {
-            const std::string p = fmt::format("model.layers.{}.", l);
-            h.ln1_w = r.index_of(p + "input_layernorm.weight");
-            h.qkv_w = r.index_of(p + "self_attn.q_proj.weight");
-            h.proj_w = r.index_of(p + "self_attn.o_proj.weight");
-            h.ln2_w = r.index_of(p + "post_attention_layernorm.weight");
-            h.fc_w = r.index_of(p + "mlp.gate_proj.weight");
-            h.fc2_w = r.index_of(p + "mlp.down_proj.weight");
-        }
-    }
+    for (int l = 0; l < spec_.n_layer; ++l) handles_[size_t(l)] = block_handles(r, gpt2_, l);
     const std::string wte = gpt2_ ? "wte.weight" : "model.embed_tokens.weight";
     wte_ = r.index_of(wte);
     wpe_ = r.index_of("wpe.weight");

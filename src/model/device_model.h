@@ -60,10 +60,7 @@ class DeviceModel {
         device::DeviceBuffer norm1, mean1, rstd1, qkv, atty, lse, res2, norm2, mean2, rstd2, fc,
             fc_act, res3, norm1_h, atty_h, norm2_h, fc_act_h;
     };
-    struct Handles {
-        int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1, ln2_w = -1,
-            ln2_b = -1, fc_w = -1, fc_b = -1, fc2_w = -1, fc2_b = -1;
-    };
+    using Handles = BlockHandles;
     float* P(int i) const;
     float* G(int i) const;
     const uint16_t* H(int i) const;

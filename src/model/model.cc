@@ -332,32 +332,8 @@ void Transformer::resolve_handles() {
     const bool gpt2 = spec_.arch == Arch::gpt2;
     block_params_.assign(size_t(spec_.n_layer), BlockParams{});
     for (int l : local_layers_) {
-        BlockParams& b = block_params_[size_t(l)];
-        if (gpt2) {
-            const std::string p = fmt::format("h.{}.", l);
-            b.ln1_w = r.index_of(p + "ln_1.weight");
-            b.ln1_b = r.index_of(p + "ln_1.bias");
-            b.qkv_w = r.index_of(p + "attn.c_attn.weight");
-            b.qkv_b = r.index_of(p + "attn.c_attn.bias");
-            b.proj_w = r.index_of(p + "attn.c_proj.weight");
-            b.proj_b = r.index_of(p + "attn.c_proj.bias");
-            b.ln2_w = r.index_of(p + "ln_2.weight");
-            b.ln2_b = r.index_of(p + "ln_2.bias");
-            b.fc_w = r.index_of(p + "mlp.c_fc.weight");
-            b.fc_b = r.index_of(p + "mlp.c_fc.bias");
-            b.fc2_w = r.index_of(p + "mlp.c_proj.weight");
-            b.fc2_b = r.index_of(p + "mlp.c_proj.bias");
-            if (spec_.moe_layer(l)) resolve_moe_handles(l, p);
-        } else {
-            const std::string p = fmt::format("model.layers.{}.", l);
-            b.ln1_w = r.index_of(p + "input_layernorm.weight");
-            b.qkv_w = r.index_of(p + "self_attn.q_proj.weight");
-            b.proj_w = r.index_of(p + "self_attn.o_proj.weight");
-            b.ln2_w = r.index_of(p + "post_attention_layernorm.weight");
-            b.fc_w = r.index_of(p + "mlp.gate_proj.weight");
-            b.fc2_w = r.index_of(p + "mlp.down_proj.weight");
-            if (spec_.moe_layer(l)) resolve_moe_handles(l, p);
-        }
+        static_cast<BlockHandles&>(block_params_[size_t(l)]) = block_handles(r, gpt2, l);
+        if (spec_.moe_layer(l)) resolve_moe_handles(l, block_prefix(gpt2, l));
     }
     const std::string wte = gpt2 ? "wte.weight" : "model.embed_tokens.weight";
     wte_ = shard_.embedding ? r.index_of(wte) : -1;

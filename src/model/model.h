@@ -224,9 +224,7 @@ class Transformer {
 
   private:
     // Entry indices of one block's parameters, resolved once (-1: absent).
-    struct BlockParams {
-        int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
-        int ln2_w = -1, ln2_b = -1, fc_w = -1, fc_b = -1, fc2_w = -1, fc2_b = -1;
+    struct BlockParams : BlockHandles {
         // An MoE block (model/moe.cc): router, its selection bias (sigmoid
         // router), each expert's first (gate|up for SwiGLU) and second
         // matmul, and the shared experts' two matmuls (-1: none).

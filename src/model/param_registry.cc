@@ -1,5 +1,7 @@
 #include "model/param_registry.h"
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 
 namespace apiary::model {
@@ -70,6 +72,44 @@ int64_t ParamRegistry::num_params() const {
     int64_t n = 0;
     for (const auto& e : entries_) n += e.numel();
     return n;
+}
+
+std::string block_prefix(bool gpt2, int l) {
+    return gpt2 ? fmt::format("h.{}.", l) : fmt::format("model.layers.{}.", l);
+}
+
+namespace {
+
+// Each handle's name in a GPT-2 and in a Llama block (nullptr: none).
+struct BlockName {
+    int BlockHandles::*handle;
+    const char* gpt2;
+    const char* llama;
+};
+constexpr BlockName kBlockNames[] = {
+    {&BlockHandles::ln1_w, "ln_1.weight", "input_layernorm.weight"},
+    {&BlockHandles::ln1_b, "ln_1.bias", nullptr},
+    {&BlockHandles::qkv_w, "attn.c_attn.weight", "self_attn.q_proj.weight"},
+    {&BlockHandles::qkv_b, "attn.c_attn.bias", nullptr},
+    {&BlockHandles::proj_w, "attn.c_proj.weight", "self_attn.o_proj.weight"},
+    {&BlockHandles::proj_b, "attn.c_proj.bias", nullptr},
+    {&BlockHandles::ln2_w, "ln_2.weight", "post_attention_layernorm.weight"},
+    {&BlockHandles::ln2_b, "ln_2.bias", nullptr},
+    {&BlockHandles::fc_w, "mlp.c_fc.weight", "mlp.gate_proj.weight"},
+    {&BlockHandles::fc_b, "mlp.c_fc.bias", nullptr},
+    {&BlockHandles::fc2_w, "mlp.c_proj.weight", "mlp.down_proj.weight"},
+    {&BlockHandles::fc2_b, "mlp.c_proj.bias", nullptr},
+};
+
+}  // namespace
+
+BlockHandles block_handles(const ParamRegistry& r, bool gpt2, int l) {
+    const std::string p = block_prefix(gpt2, l);
+    BlockHandles b;
+    for (const BlockName& n : kBlockNames) {
+        if (const char* name = gpt2 ? n.gpt2 : n.llama) b.*n.handle = r.index_of(p + name);
+    }
+    return b;
 }
 
 }  // namespace apiary::model

@@ -81,4 +81,16 @@ class ParamRegistry {
     int64_t total_ = 0;
 };
 
+// The parameter indices of one transformer block (-1: none, e.g. a Llama
+// block's biases).
+struct BlockHandles {
+    int ln1_w = -1, ln1_b = -1, qkv_w = -1, qkv_b = -1, proj_w = -1, proj_b = -1;
+    int ln2_w = -1, ln2_b = -1, fc_w = -1, fc_b = -1, fc2_w = -1, fc2_b = -1;
+};
+// Block l's name prefix: GPT-2's "h.{l}." (gpt2) or Llama's
+// "model.layers.{l}.".
+std::string block_prefix(bool gpt2, int l);
+// Block l's dense parameters in r, by those names (-1 where r has none).
+BlockHandles block_handles(const ParamRegistry& r, bool gpt2, int l);
+
 }  // namespace apiary::model

@@ -25,6 +25,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLUSTER = os.path.join(HERE, "cluster.sh")
+sys.path.insert(0, os.path.join(HERE, "..", "obs"))
+from obs_util import print_log_tails, wait_for  # noqa: E402
 
 
 def cluster(*args, check=True):
@@ -32,20 +34,6 @@ def cluster(*args, check=True):
     if check and r.returncode != 0:
         raise AssertionError(f"cluster.sh {' '.join(args)}: {r.stdout}{r.stderr}")
     return r.stdout
-
-
-def wait_for(what, fn, timeout):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        try:
-            last = fn()
-            if last:
-                return last
-        except Exception as e:  # a server still starting
-            last = e
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
 
 
 def main():
@@ -56,7 +44,6 @@ def main():
     if not shutil.which("prometheus"):
         print("prometheus_cluster_test: skipped: no prometheus (Debian: apt install prometheus)")
         sys.exit(77)
-    sys.path.insert(0, os.path.join(src, "tests", "obs"))
     from prometheus_test import test_config  # deploy/'s config and rules, test intervals
 
     tmp = tempfile.mkdtemp(prefix="apiary-prom-cluster-")
@@ -191,11 +178,7 @@ def main():
               f"{sorted({x['apiary_host'] for x in firing('ApiaryHostDown')})}")
         print("1 passed, 0 failed")
     except BaseException:
-        for log in ("train.log", "prometheus.log"):
-            p = os.path.join(tmp, log)
-            if os.path.exists(p):
-                print(f"---- {log} (last 40 lines)")
-                print("".join(open(p, errors="replace").readlines()[-40:]))
+        print_log_tails(tmp, ("train.log", "prometheus.log"))
         raise
     finally:
         if job and job.poll() is None:

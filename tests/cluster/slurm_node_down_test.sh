@@ -24,6 +24,7 @@ done
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/../.." && pwd)
 cluster="$here/cluster.sh"
+source "$here/../slurm_lib.sh"
 APIARY_CLUSTER_ID="s$(printf '%x' $(($$ & 0xfffff)))"
 tmp=$(mktemp -d /tmp/apiary-cluster-slurm.XXXXXX)
 APIARY_CLUSTER_DIR=$tmp/cluster
@@ -49,38 +50,21 @@ fail() {
 on_h1() { bash "$cluster" exec h1 "$@"; }
 
 bash "$cluster" up 2 >/dev/null
-mkdir -p "$work/munge" "$work/state"
-dd if=/dev/urandom of="$work/munge/munge.key" bs=1024 count=1 status=none
-chmod 700 "$work/munge"
-chmod 400 "$work/munge/munge.key"
-munged --force --foreground --key-file="$work/munge/munge.key" \
-    --socket="$work/munge/munge.socket" --pid-file="$work/munge/munged.pid" \
-    --log-file="$work/munge/munged.log" --seed-file="$work/munge/munged.seed" \
-    >"$work/munged.out" 2>&1 &
-munge_pid=$!
-for _ in $(seq 50); do [ -S "$work/munge/munge.socket" ] && break; sleep 0.1; done
+mkdir -p "$work/state"
+slurm_munged "$work"
 
 # One slurm.conf for every daemon; what differs per node is named by %n.
 cat >"$work/slurm.conf" <<CONF
 ClusterName=apiarynet
 SlurmctldHost=h1(10.213.0.1)
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=socket=$work/munge/munge.socket
-CredType=cred/munge
+$(slurm_conf_auth "$work/munge/munge.socket")
 StateSaveLocation=$work/state
 SlurmdSpoolDir=$work/spool-%n
 SlurmctldPidFile=$work/slurmctld.pid
 SlurmdPidFile=$work/slurmd-%n.pid
 SlurmctldLogFile=$work/slurmctld.log
 SlurmdLogFile=$work/slurmd-%n.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
-SlurmdParameters=config_overrides
-MpiDefault=pmix
+$(slurm_conf_plugins)
 ReturnToService=1
 SchedulerType=sched/builtin
 SchedulerParameters=sched_min_interval=0

@@ -106,6 +106,15 @@ def wait_for(what, fn, timeout):
     raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
 
 
+def print_log_tails(folder, names, lines=40):
+    """The last lines of each log in folder that exists, for a failed test."""
+    for log in names:
+        p = os.path.join(folder, log)
+        if os.path.exists(p):
+            print(f"---- {log} (last {lines} lines)")
+            print("".join(open(p, errors="replace").readlines()[-lines:]))
+
+
 FAILED = []
 
 

@@ -22,7 +22,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from obs_util import free_ports, prom_query, rank_pids, wait_for, write_sensors  # noqa: E402
+from obs_util import (free_ports, print_log_tails, prom_query, rank_pids, wait_for,  # noqa: E402
+                      write_sensors)
 
 import yaml  # noqa: E402
 
@@ -157,11 +158,7 @@ def main():
         job = None
         print("1 passed, 0 failed")
     except BaseException:
-        for log in ("train.log", "prometheus.log"):
-            p = os.path.join(tmp, log)
-            if os.path.exists(p):
-                print(f"---- {log} (last 40 lines)")
-                print("".join(open(p, errors="replace").readlines()[-40:]))
+        print_log_tails(tmp, ("train.log", "prometheus.log"))
         raise
     finally:
         for p in (job, prom):

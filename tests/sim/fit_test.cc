@@ -175,6 +175,20 @@ TEST(SimFit, InfersUsersFromBursts) {
     EXPECT_EQ(named.jobs[1].user, "bob");
 }
 
+// 4 devices on one node, backfill reserving for the first `depth` blocked
+// jobs (1: EASY).
+SimConfig backfill_cluster(int depth) {
+    SimConfig c = test::cluster(4, 1);
+    c.bf_max_job_test = depth;
+    return c;
+}
+SimResult backfill(const std::vector<SimJob>& jobs, const SimConfig& c) {
+    return simulate(jobs, c, parse_policy("backfill"));
+}
+
+// slurm.conf text, as a file s.conf would give it.
+SlurmConf conf(const std::string& text) { return parse_slurm_conf(text, "s.conf", false); }
+
 // bf_max_job_user: behind a reserved job, backfill tests one job of user u
 // per pass, so u's second short job misses the hole the first one fills
 // (under EASY and with two reservations alike); without the limit both go.
@@ -183,22 +197,18 @@ TEST(SimFit, BackfillTestsAtMostBfMaxJobUserJobsOfAUser) {
                                 test::job("b1", 2, 1, 50), test::job("b2", 2, 1, 50)};
     jobs[2].spec.user = jobs[3].spec.user = "u";
     for (int depth : {1, 2}) {
-        SimConfig c = test::cluster(4, 1);
-        c.bf_max_job_test = depth;
-        SimResult r = simulate(jobs, c, parse_policy("backfill"));
+        SimConfig c = backfill_cluster(depth);
+        SimResult r = backfill(jobs, c);
         EXPECT_DOUBLE_EQ(r.jobs[1].start, 100) << depth;
         EXPECT_DOUBLE_EQ(r.jobs[2].start, 2) << depth;
         EXPECT_DOUBLE_EQ(r.jobs[3].start, 2) << depth;
         c.bf_max_job_user = 1;
-        r = simulate(jobs, c, parse_policy("backfill"));
+        r = backfill(jobs, c);
         EXPECT_DOUBLE_EQ(r.jobs[1].start, 100) << depth;
         EXPECT_DOUBLE_EQ(r.jobs[2].start, 2) << depth;
         EXPECT_DOUBLE_EQ(r.jobs[3].start, 110) << depth;  // after H: 52 + 50 passes its reservation
     }
-    EXPECT_EQ(
-        parse_slurm_conf("SchedulerParameters=bf_max_job_user=3,bf_window=60\n", "s.conf", false)
-            .bf_max_job_user,
-        3);
+    EXPECT_EQ(conf("SchedulerParameters=bf_max_job_user=3,bf_window=60\n").bf_max_job_user, 3);
 }
 
 // bf_min_age_reserve: a 4-device job H waiting behind a 3-device run
@@ -209,26 +219,22 @@ TEST(SimFit, NoReservationBeforeBfMinAgeReserve) {
     std::vector<SimJob> jobs = {test::job("A", 0, 3, 100), test::job("H", 1, 4, 10),
                                 test::job("S", 2, 1, 200)};
     for (int depth : {1, 2}) {
-        SimConfig c = test::cluster(4, 1);
-        c.bf_max_job_test = depth;
-        SimResult r = simulate(jobs, c, parse_policy("backfill"));
+        SimConfig c = backfill_cluster(depth);
+        SimResult r = backfill(jobs, c);
         EXPECT_DOUBLE_EQ(r.jobs[1].start, 100) << depth;
         EXPECT_DOUBLE_EQ(r.jobs[2].start, 110) << depth;
         c.bf_min_age_reserve_s = 1000;
-        r = simulate(jobs, c, parse_policy("backfill"));
+        r = backfill(jobs, c);
         EXPECT_DOUBLE_EQ(r.jobs[2].start, 2) << depth;
         EXPECT_DOUBLE_EQ(r.jobs[1].start, 202) << depth;
         c.bf_min_age_reserve_s = 50;  // H was 1 s old when S came: S still goes first
-        r = simulate(jobs, c, parse_policy("backfill"));
+        r = backfill(jobs, c);
         EXPECT_DOUBLE_EQ(r.jobs[2].start, 2) << depth;
     }
-    EXPECT_DOUBLE_EQ(
-        parse_slurm_conf("SchedulerParameters=bf_min_age_reserve=600\n", "s.conf", false)
-            .bf_min_age_reserve_s,
-        600);
+    EXPECT_DOUBLE_EQ(conf("SchedulerParameters=bf_min_age_reserve=600\n").bf_min_age_reserve_s,
+                     600);
     EXPECT_NE(test::error_of([] {
-                  parse_slurm_conf("SchedulerParameters=bf_min_age_reserve=soon\n", "s.conf",
-                                   false);
+                  conf("SchedulerParameters=bf_min_age_reserve=soon\n");
               }).find("bf_min_age_reserve=soon is not seconds >= 0"),
               std::string::npos);
 }
@@ -255,10 +261,10 @@ TEST(SimFit, FavorSmallTurnsTheSizeFactorAround) {
     r = simulate(jobs, c, p);
     EXPECT_DOUBLE_EQ(r.jobs[2].start, 100);
     EXPECT_DOUBLE_EQ(r.jobs[1].start, 200);
-    EXPECT_EQ(parse_slurm_conf("PriorityFavorSmall=YES\n", "s.conf", false).favor_small, 1);
-    EXPECT_EQ(parse_slurm_conf("PriorityFavorSmall=no\n", "s.conf", false).favor_small, 0);
+    EXPECT_EQ(conf("PriorityFavorSmall=YES\n").favor_small, 1);
+    EXPECT_EQ(conf("PriorityFavorSmall=no\n").favor_small, 0);
     EXPECT_NE(test::error_of([] {
-                  parse_slurm_conf("PriorityFavorSmall=big\n", "s.conf", false);
+                  conf("PriorityFavorSmall=big\n");
               }).find("s.conf:1: PriorityFavorSmall=big is not YES or NO"),
               std::string::npos);
 }

@@ -46,6 +46,64 @@ __device__ inline void load_tile(float* dst, const float* src, int64_t r0, int64
     }
 }
 
+// Two tiles of rows r0.. into shared memory, fenced on both sides so no warp
+// still reads the previous tiles while they are overwritten.
+__device__ inline void sync_load_tiles(float* a, const float* a_src, int64_t a_stride, float* b,
+                                       const float* b_src, int64_t b_stride, int64_t r0,
+                                       int64_t rows_total, int64_t HS) {
+    __syncthreads();
+    load_tile(a, a_src, r0, rows_total, a_stride, HS);
+    load_tile(b, b_src, r0, rows_total, b_stride, HS);
+    __syncthreads();
+}
+
+// A warp's kRowsPerWarp rows r0.. (times mul; zero past rows_total) into its
+// own shared rows of HS floats.
+__device__ inline void load_warp_rows(float* dst, const float* src, int64_t r0, int64_t rows_total,
+                                      int64_t src_stride, int64_t HS, int lane, float mul = 1.0f) {
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+        const int64_t i = r0 + r;
+        for (int64_t d = lane; d < HS; d += 32)
+            dst[r * HS + d] = i < rows_total ? src[i * src_stride + d] * mul : 0.0f;
+    }
+}
+
+// acc[k] += w_j * tile[j][lane + 32 k] over the tile's first jn rows, w_j
+// being lane j's w.
+__device__ inline void accumulate_tile(float (&acc)[kDims], float w, const float* tile, int jn,
+                                       int lane, int64_t HS) {
+    for (int j = 0; j < jn; ++j) {
+        const float wj = __shfl_sync(0xffffffffu, w, j);
+#pragma unroll
+        for (int k = 0; k < kDims; ++k) {
+            const int64_t d = lane + 32 * k;
+            if (d < HS) acc[k] += wj * tile[j * (HS + 1) + d];
+        }
+    }
+}
+
+// dst[lane + 32 k] = v[k] / div for the dimensions below HS.
+__device__ inline void store_row(float* dst, const float (&v)[kDims], int lane, int64_t HS,
+                                 float div = 1.0f) {
+#pragma unroll
+    for (int k = 0; k < kDims; ++k) {
+        const int64_t d = lane + 32 * k;
+        if (d < HS) dst[d] = v[k] / div;
+    }
+}
+
+// Where query head h of batch b finds its rows and its group's K and V.
+struct HeadRows {
+    const float* base;  // batch b's first row
+    const float* k;     // K of h's kv group, row 0
+    const float* v;     // V of h's kv group, row 0
+};
+__device__ inline HeadRows head_rows(const float* qkv, int64_t b, int64_t h, const Dims& dm) {
+    const int64_t g = h / (dm.NH / dm.KVH);
+    const float* base = qkv + b * dm.T * dm.row_stride;
+    return {base, base + (dm.NH + g) * dm.HS, base + (dm.NH + dm.KVH + g) * dm.HS};
+}
+
 __global__ void attention_forward_k(float* out, float* lse, const float* qkv, Dims dm) {
     extern __shared__ float sm[];
     const int64_t HS = dm.HS, T = dm.T;
@@ -54,15 +112,9 @@ __global__ void attention_forward_k(float* out, float* lse, const float* qkv, Di
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     float* Qs = Vs + tile_floats(HS) + int64_t(warp) * kRowsPerWarp * HS;
     const int64_t b = blockIdx.z, h = blockIdx.y, q0 = int64_t(blockIdx.x) * kTile;
-    const int64_t g = h / (dm.NH / dm.KVH);
-    const float* base = qkv + b * T * dm.row_stride;
-    const float* kbase = base + (dm.NH + g) * HS;
-    const float* vbase = base + (dm.NH + dm.KVH + g) * HS;
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-        const int64_t qi = q0 + warp * kRowsPerWarp + r;
-        for (int64_t d = lane; d < HS; d += 32)
-            Qs[r * HS + d] = qi < T ? base[qi * dm.row_stride + h * HS + d] * dm.scale : 0.0f;
-    }
+    const HeadRows src = head_rows(qkv, b, h, dm);
+    load_warp_rows(Qs, src.base + h * HS, q0 + warp * kRowsPerWarp, T, dm.row_stride, HS, lane,
+                   dm.scale);
     float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kDims];
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
@@ -73,10 +125,7 @@ __global__ void attention_forward_k(float* out, float* lse, const float* qkv, Di
     }
     const int64_t q_last = min(T - 1, q0 + kTile - 1);
     for (int64_t k0 = 0; k0 <= q_last; k0 += kTile) {
-        __syncthreads();
-        load_tile(Ks, kbase, k0, T, dm.row_stride, HS);
-        load_tile(Vs, vbase, k0, T, dm.row_stride, HS);
-        __syncthreads();
+        sync_load_tiles(Ks, src.k, dm.row_stride, Vs, src.v, dm.row_stride, k0, T, HS);
 #pragma unroll
         for (int r = 0; r < kRowsPerWarp; ++r) {
             const int64_t qi = q0 + warp * kRowsPerWarp + r;
@@ -92,14 +141,7 @@ __global__ void attention_forward_k(float* out, float* lse, const float* qkv, Di
             const int jn = int(min(int64_t(kTile), qi - k0 + 1));
 #pragma unroll
             for (int k = 0; k < kDims; ++k) acc[r][k] *= corr;
-            for (int j = 0; j < jn; ++j) {
-                const float pj = __shfl_sync(0xffffffffu, p, j);
-#pragma unroll
-                for (int k = 0; k < kDims; ++k) {
-                    const int64_t d = lane + 32 * k;
-                    if (d < HS) acc[r][k] += pj * Vs[j * (HS + 1) + d];
-                }
-            }
+            accumulate_tile(acc[r], p, Vs, jn, lane, HS);
             m[r] = m_new;
         }
     }
@@ -107,12 +149,7 @@ __global__ void attention_forward_k(float* out, float* lse, const float* qkv, Di
     for (int r = 0; r < kRowsPerWarp; ++r) {
         const int64_t qi = q0 + warp * kRowsPerWarp + r;
         if (qi >= T) continue;
-        float* o = out + (b * T + qi) * dm.NH * HS + h * HS;
-#pragma unroll
-        for (int k = 0; k < kDims; ++k) {
-            const int64_t d = lane + 32 * k;
-            if (d < HS) o[d] = acc[r][k] / l[r];
-        }
+        store_row(out + (b * T + qi) * dm.NH * HS + h * HS, acc[r], lane, HS, l[r]);
         if (lane == 0) lse[(b * dm.NH + h) * T + qi] = m[r] + logf(l[r]);
     }
 }
@@ -143,24 +180,15 @@ __global__ void attention_backward_dq_k(float* dqkv, const float* dout, const fl
     float* Qs = Vs + tile_floats(HS) + int64_t(warp) * 2 * kRowsPerWarp * HS;
     float* dOs = Qs + kRowsPerWarp * HS;
     const int64_t b = blockIdx.z, h = blockIdx.y, q0 = int64_t(blockIdx.x) * kTile;
-    const int64_t g = h / (dm.NH / dm.KVH);
-    const float* base = qkv + b * T * dm.row_stride;
-    const float* kbase = base + (dm.NH + g) * HS;
-    const float* vbase = base + (dm.NH + dm.KVH + g) * HS;
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-        const int64_t qi = q0 + warp * kRowsPerWarp + r;
-        for (int64_t d = lane; d < HS; d += 32) {
-            Qs[r * HS + d] = qi < T ? base[qi * dm.row_stride + h * HS + d] * dm.scale : 0.0f;
-            dOs[r * HS + d] = qi < T ? dout[(b * T + qi) * dm.NH * HS + h * HS + d] : 0.0f;
-        }
-    }
+    const HeadRows src = head_rows(qkv, b, h, dm);
+    load_warp_rows(Qs, src.base + h * HS, q0 + warp * kRowsPerWarp, T, dm.row_stride, HS, lane,
+                   dm.scale);
+    load_warp_rows(dOs, dout + b * T * dm.NH * HS + h * HS, q0 + warp * kRowsPerWarp, T, dm.NH * HS,
+                   HS, lane);
     float acc[kRowsPerWarp][kDims] = {};
     const int64_t q_last = min(T - 1, q0 + kTile - 1);
     for (int64_t k0 = 0; k0 <= q_last; k0 += kTile) {
-        __syncthreads();
-        load_tile(Ks, kbase, k0, T, dm.row_stride, HS);
-        load_tile(Vs, vbase, k0, T, dm.row_stride, HS);
-        __syncthreads();
+        sync_load_tiles(Ks, src.k, dm.row_stride, Vs, src.v, dm.row_stride, k0, T, HS);
 #pragma unroll
         for (int r = 0; r < kRowsPerWarp; ++r) {
             const int64_t qi = q0 + warp * kRowsPerWarp + r;
@@ -174,26 +202,14 @@ __global__ void attention_backward_dq_k(float* dqkv, const float* dout, const fl
             const float p = (k0 + lane <= qi) ? expf(s - lse[stat]) : 0.0f;
             const float ds = p * (dp - D[stat]) * dm.scale;
             const int jn = int(min(int64_t(kTile), qi - k0 + 1));
-            for (int j = 0; j < jn; ++j) {
-                const float dsj = __shfl_sync(0xffffffffu, ds, j);
-#pragma unroll
-                for (int k = 0; k < kDims; ++k) {
-                    const int64_t d = lane + 32 * k;
-                    if (d < HS) acc[r][k] += dsj * Ks[j * (HS + 1) + d];
-                }
-            }
+            accumulate_tile(acc[r], ds, Ks, jn, lane, HS);
         }
     }
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
         const int64_t qi = q0 + warp * kRowsPerWarp + r;
         if (qi >= T) continue;
-        float* dq = dqkv + (b * T + qi) * dm.row_stride + h * HS;
-#pragma unroll
-        for (int k = 0; k < kDims; ++k) {
-            const int64_t d = lane + 32 * k;
-            if (d < HS) dq[d] = acc[r][k];
-        }
+        store_row(dqkv + (b * T + qi) * dm.row_stride + h * HS, acc[r], lane, HS);
     }
 }
 
@@ -211,21 +227,15 @@ __global__ void attention_backward_dkv_k(float* dqkv, const float* dout, const f
     const int64_t b = blockIdx.z, g = blockIdx.y, k0 = int64_t(blockIdx.x) * kTile;
     const int64_t group = dm.NH / dm.KVH;
     const float* base = qkv + b * T * dm.row_stride;
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-        const int64_t kj = k0 + warp * kRowsPerWarp + r;
-        for (int64_t d = lane; d < HS; d += 32) {
-            Kr[r * HS + d] = kj < T ? base[kj * dm.row_stride + (dm.NH + g) * HS + d] : 0.0f;
-            Vr[r * HS + d] =
-                kj < T ? base[kj * dm.row_stride + (dm.NH + dm.KVH + g) * HS + d] : 0.0f;
-        }
-    }
+    load_warp_rows(Kr, base + (dm.NH + g) * HS, k0 + warp * kRowsPerWarp, T, dm.row_stride, HS,
+                   lane);
+    load_warp_rows(Vr, base + (dm.NH + dm.KVH + g) * HS, k0 + warp * kRowsPerWarp, T, dm.row_stride,
+                   HS, lane);
     float dk[kRowsPerWarp][kDims] = {}, dv[kRowsPerWarp][kDims] = {};
     for (int64_t h = g * group; h < (g + 1) * group; ++h) {
         for (int64_t i0 = k0; i0 < T; i0 += kTile) {
-            __syncthreads();
-            load_tile(Qs, base + h * HS, i0, T, dm.row_stride, HS);
-            load_tile(dOs, dout + b * T * dm.NH * HS + h * HS, i0, T, dm.NH * HS, HS);
-            __syncthreads();
+            sync_load_tiles(Qs, base + h * HS, dm.row_stride, dOs,
+                            dout + b * T * dm.NH * HS + h * HS, dm.NH * HS, i0, T, HS);
             const int64_t qi = i0 + lane;
             const int64_t stat = (b * dm.NH + h) * T + min(qi, T - 1);
             const float lse_i = lse[stat], D_i = D[stat];
@@ -261,14 +271,8 @@ __global__ void attention_backward_dkv_k(float* dqkv, const float* dout, const f
         const int64_t kj = k0 + warp * kRowsPerWarp + r;
         if (kj >= T) continue;
         float* row = dqkv + (b * T + kj) * dm.row_stride;
-#pragma unroll
-        for (int k = 0; k < kDims; ++k) {
-            const int64_t d = lane + 32 * k;
-            if (d < HS) {
-                row[(dm.NH + g) * HS + d] = dk[r][k];
-                row[(dm.NH + dm.KVH + g) * HS + d] = dv[r][k];
-            }
-        }
+        store_row(row + (dm.NH + g) * HS, dk[r], lane, HS);
+        store_row(row + (dm.NH + dm.KVH + g) * HS, dv[r], lane, HS);
     }
 }
 

@@ -62,7 +62,7 @@ train() {  # NAME RUN_DIR SETTINGS...
 }
 
 "$C" up 2 >/dev/null
-echo "| link | layout | measured step | |"
+echo "| link | layout | measured step | predicted (the planner auto asks) |"
 echo "|---|---|---|---|"
 for rate in $rates; do
     "$C" link all reset >/dev/null
@@ -70,23 +70,29 @@ for rate in $rates; do
     fabric=(cluster.inter_link_rate="$rate" cluster.inter_link_efficiency=0.95
             cluster.nic_shared=true)
     [[ -n ${CAL:-} ]] && fabric+=(plan.calibration="$(realpath "$CAL")")
-    declare -A step=()
+    pset=(--set cluster.gpus=4 --set cluster.gpus_per_node=2)
+    for kv in "${fabric[@]}"; do pset+=(--set "$kv"); done
+    declare -A step=() pred=()
     for entry in "${layouts[@]}"; do
         name=${entry%%|*}
         # shellcheck disable=SC2086
         train "$name" "$out/$rate-$name" ${entry#*|}
         step[$name]=$(median_step "$out/$rate-$name")
+        # What the planner that auto asks predicts for this layout.
+        pred[$name]=$("$A" plan --config "$out/$rate-$name/config.toml" "${pset[@]}" --json |
+            python3 -c 'import json, sys; print(json.load(sys.stdin)["step_time_s"])')
     done
     train auto "$out/$rate-auto" parallel.layout=auto "${fabric[@]}" train.batch_size=4
     chosen=$(grep -o 'chose [^(]*' "$out/$rate-auto.log" | head -1 | sed 's/^chose //; s/ *$//')
     auto_step=$(median_step "$out/$rate-auto")
     best=$(for n in "${!step[@]}"; do echo "${step[$n]} $n"; done | sort -g | head -1)
     for n in "${!step[@]}"; do
-        printf '| %s | %s | %.3f s | |\n' "$rate" "$n" "${step[$n]}"
+        printf '| %s | %s | %.3f s | %.3f s (%+.0f%%) |\n' "$rate" "$n" "${step[$n]}" "${pred[$n]}" \
+            "$(python3 -c "print(100 * (${pred[$n]} / ${step[$n]} - 1))")"
     done | sort -t'|' -k4
     printf '| %s | auto: %s | %.3f s | |\n' "$rate" "$chosen" "$auto_step"
     python3 -c "
 b, n = '$best'.split(); a = float('$auto_step')
 print(f'| $rate | fastest measured: {n} | {float(b):.3f} s | auto / fastest = {a / float(b):.2f} |')"
-    unset step
+    unset step pred
 done

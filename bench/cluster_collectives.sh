@@ -18,18 +18,20 @@
 #
 # usage: bench/cluster_collectives.sh [OUTDIR]
 # Environment:
-#   RATES="100mbit 400mbit"  link rates, as tc writes them
+#   RATES="200mbit 400mbit"  link rates, as tc writes them
 #   LAYOUTS="2x2 4x1"        HOSTSxRANKS_PER_HOST
-#   MIN_BYTES=1K MAX_BYTES=64M REPS=3 WARMUP=1
+#   MIN_BYTES=1M MAX_BYTES=16M REPS=2 WARMUP=0 (each repetition runs a size
+#                          enough times to move 32 MiB: at 100 Mbit/s a size
+#                          takes about 10 s per repetition)
 #   OPS="all_reduce reduce_scatter all_gather"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/cluster-collectives}
 A=$PWD/build/apiary
 C=$PWD/tests/cluster/cluster.sh
-rates=${RATES:-100mbit 400mbit}
+rates=${RATES:-200mbit 400mbit}
 layouts=${LAYOUTS:-2x2 4x1}
-min=${MIN_BYTES:-1K} max=${MAX_BYTES:-64M} reps=${REPS:-3} warmup=${WARMUP:-1}
+min=${MIN_BYTES:-1M} max=${MAX_BYTES:-16M} reps=${REPS:-2} warmup=${WARMUP:-0}
 ops=${OPS:-all_reduce reduce_scatter all_gather}
 mkdir -p "$out"
 export APIARY_CLUSTER_ID=${APIARY_CLUSTER_ID:-bcoll} APIARY_CLUSTER_SUBNET=${APIARY_CLUSTER_SUBNET:-10.213.7}
@@ -62,7 +64,7 @@ else:
     c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     rtts = []
     for _ in range(200):
-        t = time.time(); c.sendall(b"x"); c.recv(1); rtts.append(time.time() - t)
+        t = time.perf_counter(); c.sendall(b"x"); c.recv(1); rtts.append(time.perf_counter() - t)
     buf = b"x" * (1 << 20)
     for _ in range(nbytes >> 20): c.sendall(buf)
     c.shutdown(socket.SHUT_WR)

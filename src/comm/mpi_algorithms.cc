@@ -26,9 +26,14 @@ int as_int(int64_t n, const MpiGroupState& e, const char* what) {
 // message-sized temporary per call; from glibc's 32 MiB mmap ceiling on, every
 // call maps fresh pages and faults them in, which on the VM we measured made
 // a 64 MiB MPI_Allreduce 6x and a 256 MiB one 11x slower than this ring
-// (BENCHMARKS.md, "Benchmarks: comm"). Below 32 MiB the temporary is reused from the heap
-// and MPI's all-reduce is as fast as the ring, so the ring starts at 32 MiB.
-// MPI's reduce-scatter is slower than the ring from 4 MiB of input already.
+// (BENCHMARKS.md, "Benchmarks: comm"). Below 32 MiB on one host MPI's
+// all-reduce is as fast as the ring, but across hosts OpenMPI 4.1 picks
+// algorithms that move about twice the ring's bytes: on the test cluster's
+// 4 hosts at 400 Mbit/s a 16 MiB all-reduce took 1.09 s through
+// MPI_Allreduce and 0.64 s through this ring (the ring's alpha-beta time:
+// 0.53 s), so the ring starts at 1 MiB (BENCHMARKS.md, "Many hosts:
+// collectives"). MPI's reduce-scatter is slower than the ring from 4 MiB of
+// input already.
 // (Constants in mpi_internal.h.)
 Chunks even_chunks(int64_t total, int n) {
     Chunks c;

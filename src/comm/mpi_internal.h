@@ -236,7 +236,7 @@ class Watchdog {
 int as_int(int64_t n, const MpiGroupState& e, const char* what);
 
 // Where apiary's own ring algorithms take over from MPI's (see mpi_algorithms.cc).
-constexpr int64_t kRingAllReduceBytes = int64_t(32) << 20;
+constexpr int64_t kRingAllReduceBytes = int64_t(1) << 20;
 constexpr int64_t kRingReduceScatterBytes = int64_t(4) << 20;
 
 // A partition of a buffer into one chunk per rank (element offsets, lengths).

@@ -31,10 +31,9 @@ int as_int(int64_t n, const MpiGroupState& e, const char* what) {
 // algorithms that move about twice the ring's bytes: on the test cluster's
 // 4 hosts at 400 Mbit/s a 16 MiB all-reduce took 1.09 s through
 // MPI_Allreduce and 0.64 s through this ring (the ring's alpha-beta time:
-// 0.53 s), so the ring starts at 1 MiB (BENCHMARKS.md, "Many hosts:
-// collectives"). MPI's reduce-scatter is slower than the ring from 4 MiB of
-// input already.
-// (Constants in mpi_internal.h.)
+// 0.53 s), so in a group that spans hosts the ring starts at 1 MiB
+// (BENCHMARKS.md, "Many hosts: collectives"). MPI's reduce-scatter is slower than the ring from 4
+// MiB of input already. (Constants in mpi_internal.h.)
 Chunks even_chunks(int64_t total, int n) {
     Chunks c;
     for (int i = 0, o = 0; i < n; ++i) {
@@ -93,7 +92,8 @@ void ring_all_gather(MpiGroupState& e, float* data, const Chunks& c, const CallC
 
 // f32 sum all-reduce of n elements in place, flat or hierarchical.
 void all_reduce_f32(MpiGroupState& e, float* data, int64_t n, const CallContext& ctx) {
-    if (!e.hierarchical.load() && n * 4 >= kRingAllReduceBytes && n / e.size < (int64_t(1) << 30)) {
+    if (!e.hierarchical.load() && n * 4 >= e.ring_all_reduce_from() &&
+        n / e.size < (int64_t(1) << 30)) {
         const Chunks c = even_chunks(n, e.size);
         ring_reduce_scatter(e, data, data + c.off[size_t(e.rank)], c, ctx);
         ring_all_gather(e, data, c, ctx);
@@ -216,7 +216,7 @@ ScratchNeed scratch_need(const MpiGroupState& e, CollOp op, int64_t count, DType
         int lsize = 1;
         MPI_Comm_size(e.local, &lsize);
         need.shard = size_t(std::max<int64_t>(count / lsize + 1, 1)) * 4;
-    } else if (count * 4 >= kRingAllReduceBytes && e.size > 1) {
+    } else if (count * 4 >= e.ring_all_reduce_from() && e.size > 1) {
         need.ring = size_t(2 * (count / e.size + 1)) * 4;
     }
     return need;

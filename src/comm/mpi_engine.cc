@@ -109,6 +109,15 @@ MpiGroupState::MpiGroupState(MPI_Comm c, std::string n, const CommOptions& o)
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     world_ranks.resize(size_t(size));
     MPI_Allgather(&me, 1, MPI_INT, world_ranks.data(), 1, MPI_INT, comm);
+    // Every member of a group on several hosts sees fewer members on its own.
+    MPI_Comm local;
+    if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local) ==
+        MPI_SUCCESS) {
+        int local_size = size;
+        MPI_Comm_size(local, &local_size);
+        MPI_Comm_free(&local);
+        spans_hosts = local_size < size;
+    }
     monitor = std::make_shared<GroupMonitor>(name, world_ranks, me, history_for(options));
     if (auto* w = watchdog()) w->watch(monitor);
     worker = std::thread([this] { worker_loop(); });
@@ -291,7 +300,7 @@ const char* algorithm_of(const MpiGroupState& e, const Fingerprint& fp, int64_t 
     if (fp.op == CollOp::all_reduce && bulk) {
         if (e.hierarchical.load()) return "hierarchical";
         const int64_t f32_bytes = fp.count * 4;
-        return f32_bytes >= kRingAllReduceBytes ? "ring" : "mpi";
+        return f32_bytes >= e.ring_all_reduce_from() ? "ring" : "mpi";
     }
     if (fp.op == CollOp::reduce_scatter) {
         return bytes / int64_t(core::dtype_size(fp.dtype)) * 4 >= kRingReduceScatterBytes ? "ring"

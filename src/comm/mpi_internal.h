@@ -25,6 +25,12 @@ namespace apiary::comm::detail {
 // Throws CommError naming the call and MPI's own message if rc is an error.
 void mpi_check(int rc, const char* what, const std::string& context);
 
+// Where apiary's own ring algorithms take over from MPI's (see mpi_algorithms.cc).
+constexpr int64_t kRingAllReduceBytes = int64_t(32) << 20;
+// ... and across hosts, where MPI's own all-reduce moves about twice the ring's bytes.
+constexpr int64_t kRingAllReduceAcrossHostsBytes = int64_t(1) << 20;
+constexpr int64_t kRingReduceScatterBytes = int64_t(4) << 20;
+
 class MpiWork;
 struct MpiGroupState;
 
@@ -110,6 +116,11 @@ struct MpiGroupState {
     ScratchBuffer ring;     // ring algorithms: two chunks in flight
     MPI_Comm local = MPI_COMM_NULL, cross = MPI_COMM_NULL;
     std::atomic<bool> hierarchical{false};
+    bool spans_hosts = false;  // members on more than one host (MPI_COMM_TYPE_SHARED)
+    // The f32 bytes from which a flat all-reduce takes apiary's ring.
+    int64_t ring_all_reduce_from() const {
+        return spans_hosts ? kRingAllReduceAcrossHostsBytes : kRingAllReduceBytes;
+    }
 
     void enqueue(MpiWork* w);
     // Blocks until w is done, running queued calls in order when the worker is idle.
@@ -235,9 +246,6 @@ class Watchdog {
 // MPI counts are int: throws CommError naming the group if n does not fit.
 int as_int(int64_t n, const MpiGroupState& e, const char* what);
 
-// Where apiary's own ring algorithms take over from MPI's (see mpi_algorithms.cc).
-constexpr int64_t kRingAllReduceBytes = int64_t(1) << 20;
-constexpr int64_t kRingReduceScatterBytes = int64_t(4) << 20;
 
 // A partition of a buffer into one chunk per rank (element offsets, lengths).
 struct Chunks {

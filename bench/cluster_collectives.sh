@@ -41,7 +41,7 @@ trap '"$C" down >/dev/null 2>&1 || true' EXIT
 # (s), with Python's sockets: the link as the kernel sees it, before MPI.
 probe=$out/probe.py
 cat >"$probe" <<'EOF'
-import socket, sys, time
+import json, socket, sys, time
 role, addr = sys.argv[1], sys.argv[2]
 if role == "serve":
     s = socket.socket()
@@ -57,7 +57,7 @@ if role == "serve":
         if not b: break
         if t0 is None: t0 = time.time()
         n += len(b)
-    c.sendall(repr((n, time.time() - t0)).encode())
+    c.sendall(json.dumps([n, time.time() - t0]).encode())
 else:
     nbytes = int(sys.argv[3])
     c = socket.create_connection((addr, 5999))
@@ -68,7 +68,7 @@ else:
     buf = b"x" * (1 << 20)
     for _ in range(nbytes >> 20): c.sendall(buf)
     c.shutdown(socket.SHUT_WR)
-    n, dt = eval(c.recv(1000).decode())
+    n, dt = json.loads(c.recv(1000).decode())
     rtts.sort()
     print(n / dt, rtts[len(rtts) // 2] / 2)
 EOF

@@ -470,6 +470,11 @@ PlanInput resolve_input(const core::Config& cfg, bool check_layout) {
             "parallel.sequence_parallel = true is ignored: it shards along tensor-parallel "
             "ranks and parallel.tp = 1");
     }
+    if (cfg.get_string("parallel.layout") == "auto") {
+        in.warnings.push_back(
+            "parallel.layout = auto is the trainer's choice at launch; this plan prices the "
+            "parallel.* keys as given (`apiary plan search` ranks every layout, as auto does)");
+    }
     if (cfg.get_string("parallel.axis_order") != core::kAxisOrder) {
         in.warnings.push_back(fmt::format(
             "parallel.axis_order = '{}' is not used by the planner: it places ranks tp, cp, dp "

@@ -152,6 +152,19 @@ TEST(PlanClosedForm, LinkRateAndLatencyKeys) {
     EXPECT_THROW(input({"cluster.inter_link_latency=5"}), ConfigError);
 }
 
+// parallel.layout = auto is the trainer's: the planner says it prices the
+// keys as given rather than ignoring it silently.
+TEST(PlanClosedForm, AutoLayoutIsNamedAsTheTrainers) {
+    auto warned = [](const PlanInput& in) {
+        for (const auto& w : in.warnings) {
+            if (w.find("parallel.layout = auto") != std::string::npos) return true;
+        }
+        return false;
+    };
+    EXPECT_TRUE(warned(input({"parallel.layout=auto"})));
+    EXPECT_FALSE(warned(input({})));
+}
+
 // Korthikanti et al. 2022, Table 2, per layer: sbh(10 + 24/t + 5as/(ht)) and
 // the variants, for 16-bit activations.
 TEST(PlanClosedForm, KorthikantiActivations) {
